@@ -1,0 +1,24 @@
+# The README's commands. Each sets up .venv first (idempotent: a stamp skips it when nothing changed).
+PY := .venv/bin/python
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: env demo test bench bench-launch bench-data clean
+env:
+	@bash scripts/setup_env.sh
+
+demo: env
+	$(PY) -m spark_dist.demo
+
+test: env
+	$(PY) -m pytest
+
+bench: env bench-launch bench-data
+
+bench-launch: env
+	$(PY) bench/bench_launch.py --out bench/results/launch.json
+
+bench-data: env
+	$(PY) bench/bench_data.py --out bench/results/data.json
+
+clean:
+	rm -rf .venv build *.egg-info

@@ -1,0 +1,25 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="spark_dist",
+    version="0.1.0",
+    description="Distributed PyTorch training on Apache Spark (DDP or Horovod, Petastorm loaders)",
+    packages=find_packages(include=["spark_dist", "spark_dist.*"]),
+    python_requires=">=3.9",
+    # The stack that imports together; see the README for why each pin.
+    install_requires=[
+        "pyspark>=3.5,<3.6",
+        "pyarrow>=11,<15",
+        "numpy>=1.22,<2",
+        "pandas>=1.5,<3",
+        "petastorm==0.12.1",
+        "torch>=2.1",
+        "cloudpickle>=2.0",
+        "psutil>=5.9",
+    ],
+    extras_require={
+        "horovod": ["horovod==0.28.1"],
+        "dev": ["pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.3"],
+    },
+    entry_points={"console_scripts": ["spark-dist=spark_dist.cli:main"]},
+)

@@ -1,0 +1,144 @@
+"""Run settings: one frozen dataclass, validated once on the driver, built from arguments and Spark conf.
+
+Every error names the parameter or conf key to change and is raised before any Spark job.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from .errors import ConfigError
+
+# Spark conf keys that spark_dist reads (all optional).
+CONF_CHECKPOINT_DIR = "spark.dist.checkpointDir"
+CONF_ALLOW_UNENCRYPTED = "spark.dist.allowUnencryptedTraining"
+CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # honoured for drop-in users
+CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
+CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
+CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
+
+BACKENDS = ("ddp", "horovod")
+
+
+def _conf_bool(conf: Mapping[str, str], key: str, default: bool = False) -> bool:
+    value = conf.get(key)
+    if value is None:
+        return default
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"Spark conf {key}={value!r} is not a boolean: use true or false")
+
+
+def _conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
+    value = conf.get(key)
+    if value is None:
+        return default
+    text = str(value).strip().lower().rstrip("s")
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ConfigError(f"Spark conf {key}={value!r} is not a number of seconds (e.g. 30 or 30s)") from None
+    if seconds <= 0:
+        raise ConfigError(f"Spark conf {key}={value!r} must be positive")
+    return seconds
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one ``Distributor.run`` needs to know, checked once."""
+
+    num_processes: int
+    backend: str = "ddp"
+    local_mode: bool = False
+    use_gpu: bool = False
+    max_retries: int = 0
+    timeout: Optional[float] = None
+    run_id: str = ""
+    resume: bool = False  # True when the caller named run_id: checkpoints of that run are resumed
+    checkpoint_dir: Optional[str] = None
+    driver_host: str = "127.0.0.1"
+    slot_wait_timeout: float = 30.0
+    rendezvous_timeout: float = 300.0
+    abort_grace_period: float = 5.0
+    ssl_enabled: bool = False
+    allow_unencrypted: bool = False
+    spark_conf: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        num_processes,
+        backend="ddp",
+        local_mode=False,
+        use_gpu=False,
+        max_retries=0,
+        timeout=None,
+        run_id=None,
+        checkpoint_dir=None,
+        spark_conf: Optional[Mapping[str, str]] = None,
+    ) -> "RunConfig":
+        """Validate the arguments and the Spark conf.
+
+        Raises:
+            ConfigError: naming the argument or conf key that is wrong.
+        """
+        conf = dict(spark_conf or {})
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+            raise ConfigError(f"num_processes must be a positive int, got {num_processes!r}")
+        if num_processes <= 0:
+            raise ConfigError(f"num_processes must be >= 1, got {num_processes}")
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            timeout = float(timeout)
+        if run_id is not None and (not isinstance(run_id, str) or not run_id.replace("-", "").replace("_", "").isalnum()):
+            raise ConfigError(f"run_id must be letters, digits, '-' or '_', got {run_id!r}")
+        checkpoint_dir = checkpoint_dir or conf.get(CONF_CHECKPOINT_DIR) or None
+        if checkpoint_dir is not None:
+            checkpoint_dir = os.fspath(checkpoint_dir)
+        if not local_mode and _conf_bool(conf, "spark.dynamicAllocation.enabled"):
+            raise ConfigError(
+                "barrier-mode training cannot run with dynamic allocation: "
+                "set spark.dynamicAllocation.enabled=false"
+            )
+        if not local_mode and use_gpu and not conf.get("spark.task.resource.gpu.amount"):
+            raise ConfigError(
+                "use_gpu=True needs GPU scheduling: set spark.task.resource.gpu.amount (and "
+                "spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"
+            )
+        ssl_enabled = _conf_bool(conf, "spark.ssl.enabled")
+        allow_unencrypted = _conf_bool(conf, CONF_ALLOW_UNENCRYPTED) or _conf_bool(conf, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL)
+        if ssl_enabled and not allow_unencrypted:
+            raise ConfigError(
+                "spark.ssl.enabled is true, but training traffic between ranks (gloo/NCCL/Horovod) is not "
+                f"encrypted. To run anyway, set {CONF_ALLOW_UNENCRYPTED}=true"
+            )
+        driver_host = conf.get("spark.driver.host") or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+        return cls(
+            num_processes=num_processes,
+            backend=backend,
+            local_mode=bool(local_mode),
+            use_gpu=bool(use_gpu),
+            max_retries=max_retries,
+            timeout=timeout,
+            run_id=run_id or uuid.uuid4().hex[:12],
+            resume=run_id is not None,
+            checkpoint_dir=checkpoint_dir,
+            driver_host=driver_host,
+            slot_wait_timeout=_conf_seconds(conf, CONF_SLOT_WAIT, 30.0),
+            rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
+            abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
+            ssl_enabled=ssl_enabled,
+            allow_unencrypted=allow_unencrypted,
+            spark_conf=conf,
+        )

@@ -1,0 +1,133 @@
+"""Error types of spark_dist.
+
+Every error here pickles cleanly (they cross process and Spark boundaries), and this is the one place that
+formats a rank's failure as ``rank 1 on host h: ...``.
+"""
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+class ConfigError(ValueError):
+    """A run setting is wrong. Raised on the driver before any Spark job; the message names the
+    parameter or Spark conf key to change."""
+
+
+class BackendUnavailableError(ConfigError):
+    """The chosen backend cannot be used here (for example Horovod is not installed)."""
+
+
+# Exceptions raised by a rank only because a *peer* went away: they are never the root cause.
+_SECONDARY_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "Gloo connectFullMesh failed",
+    "HorovodInternalError",
+    "Socket Timeout",
+    "timed out in call to",
+)
+
+
+@dataclass
+class RankFailure:
+    """What one rank reported when it failed.
+
+    ``kind`` is ``"exception"`` (the function raised), ``"signal"`` (the rank process was killed),
+    ``"exit"`` (a script exited non-zero), ``"timeout"`` or ``"lost"`` (its Spark task or executor went away).
+    """
+
+    rank: Optional[int]
+    host: str
+    kind: str
+    message: str
+    exc_type: str = ""
+    traceback: str = ""
+    signal: Optional[int] = None
+    exit_code: Optional[int] = None
+    time: float = 0.0
+    seq: int = 0
+    exception_bytes: Optional[bytes] = field(default=None, repr=False)
+
+    @property
+    def secondary(self) -> bool:
+        """True when this failure only echoes a peer's death (a collective that lost its partner)."""
+        text = f"{self.exc_type} {self.message}"
+        return self.kind == "exception" and any(m in text for m in _SECONDARY_MARKERS)
+
+    def exception(self) -> Optional[BaseException]:
+        """The rank's own exception object, when it could be pickled and unpickled here."""
+        if not self.exception_bytes:
+            return None
+        try:
+            import cloudpickle
+
+            exc = cloudpickle.loads(self.exception_bytes)
+            return exc if isinstance(exc, BaseException) else None
+        except Exception:  # its class may not exist on the driver: the text still tells the story
+            return None
+
+    def headline(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a task"
+        if self.kind == "signal" and self.signal is not None:
+            try:
+                name = _signal.Signals(self.signal).name
+            except ValueError:
+                name = str(self.signal)
+            return f"{who} on host {self.host} was killed by signal {name} ({self.signal})"
+        if self.kind == "exit":
+            return f"{who} on host {self.host} exited with code {self.exit_code}: {self.message}"
+        if self.exc_type:
+            return f"{who} on host {self.host} raised {self.exc_type}: {self.message}"
+        return f"{who} on host {self.host}: {self.message}"
+
+
+def root_cause(failures: List[RankFailure]) -> RankFailure:
+    """The failure to lead with: the earliest one that is not merely a peer's echo (torchelastic's rule)."""
+    ordered = sorted(failures, key=lambda f: (f.secondary, f.seq or float("inf"), f.time))
+    return ordered[0]
+
+
+class TrainingFailedError(RuntimeError):
+    """A distributed run failed. ``rank``, ``host``, ``exc_type``, ``remote_traceback`` describe the first
+    failure (the root cause); ``failures`` maps every failed rank to its :class:`RankFailure`; ``cause`` is the
+    rank's own exception object when it could be rebuilt on the driver (also set as ``__cause__``)."""
+
+    def __init__(self, failures: List[RankFailure], attempts: int = 1, run_id: str = ""):
+        self.failures_list = list(failures)
+        first = root_cause(self.failures_list)
+        self.first = first
+        self.rank = first.rank
+        self.host = first.host
+        self.exc_type = first.exc_type
+        self.signal = first.signal
+        self.remote_traceback = first.traceback
+        self.attempts = attempts
+        self.run_id = run_id
+        self.cause = first.exception()
+        others = [f for f in self.failures_list if f is not first]
+        lines = [first.headline()]
+        if attempts > 1:
+            lines[0] += f" (after {attempts} attempts)"
+        if first.traceback:
+            lines += ["", "Traceback on that rank:", first.traceback.rstrip()]
+        if others:
+            lines += ["", "Other ranks failed afterwards (likely consequences):"]
+            lines += ["  " + f.headline() for f in others[:8]]
+        super().__init__("\n".join(lines))
+        if self.cause is not None:
+            self.__cause__ = self.cause
+
+    @property
+    def failures(self) -> Dict[Optional[int], RankFailure]:
+        return {f.rank: f for f in self.failures_list}
+
+    def __reduce__(self):
+        return (TrainingFailedError, (self.failures_list, self.attempts, self.run_id))
+
+
+class RunTimeoutError(TrainingFailedError):
+    """The run exceeded ``timeout`` (or a rank stopped answering)."""

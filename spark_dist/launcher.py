@@ -1,0 +1,364 @@
+"""The driver side of a run: :class:`Distributor`.
+
+One ``run()``: validate (before any job) -> materialise datasets -> per attempt: host the run's store, start
+one barrier task per rank (or local processes), assign ranks as tasks report in, relay reports, watch for
+the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedError`, or a retry.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import os
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Dict, List, Optional
+
+from .backends import get_backend
+from .config import RunConfig
+from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError
+from .rendezvous import SignedStore, TaskInfo, assign_ranks, host_store
+from .backends.base import torchrun_env
+from .worker import Assignment, Job, LaunchSpec, run_barrier_partition, serve_rank, spawn_child
+
+log = logging.getLogger("spark_dist")
+
+
+class Distributor:
+    """Runs a training function or script on ``num_processes`` ranks of a Spark cluster.
+
+    Args:
+        num_processes: ranks to run; with ``use_gpu`` one per GPU task slot.
+        backend: ``"ddp"`` (PyTorch DDP; call ``init_process_group()`` in your function) or ``"horovod"``.
+        local_mode: run the ranks as processes on the driver instead of Spark tasks.
+        use_gpu: one GPU per rank (``spark.task.resource.gpu.amount`` per task); NCCL is then the backend
+            to pass to ``init_process_group``.
+        max_retries: resubmit a failed run this many times; the function resumes from its last checkpoint.
+        timeout: seconds the whole run may take (all attempts); ``None`` for no limit.
+        checkpoint_dir: where ``ctx.save_checkpoint`` writes (conf ``spark.dist.checkpointDir``); it must be
+            visible to every executor. Default: a per-run directory in the driver's temp dir.
+        run_id: name of the run; give the id of an earlier run to resume from its checkpoints.
+        verbose: print reports and the final summary on the driver.
+
+    Raises:
+        ConfigError: a bad argument (raised here or by ``run`` before any Spark job), naming it.
+    """
+
+    def __init__(self, num_processes: int = 1, backend: str = "ddp", local_mode: bool = False,
+                 use_gpu: bool = False, max_retries: int = 0, timeout: Optional[float] = None, *,
+                 checkpoint_dir: Optional[str] = None, run_id: Optional[str] = None, verbose: bool = True,
+                 spark=None):
+        self._args = dict(num_processes=num_processes, backend=backend, local_mode=local_mode, use_gpu=use_gpu,
+                          max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir)
+        RunConfig.build(**self._args)  # fail fast on arguments; conf is checked again in run()
+        self.verbose = verbose
+        self._spark = spark
+        self.history: List[Dict[str, Any]] = []
+        self.last_run_id: Optional[str] = None
+
+    # ----------------------------------------------------------------------------------------------------
+    def run(self, train_object, *args, datasets: Optional[Dict[str, Any]] = None, **kwargs):
+        """Run ``train_object`` (a function, or the path of a ``.py`` script and its arguments) on every rank.
+
+        Returns:
+            What rank 0's function returned (``None`` for a script).
+
+        Raises:
+            ConfigError: bad settings or input, before any Spark job.
+            TrainingFailedError: a rank failed (after ``max_retries`` retries); it names the first failed
+                rank and host and carries that rank's exception type, message and traceback.
+            RunTimeoutError: the run took longer than ``timeout``.
+        """
+        spark = self._session()
+        conf = dict(spark.sparkContext.getConf().getAll()) if spark is not None else {}
+        config = RunConfig.build(spark_conf=conf, **self._args)
+        backend = get_backend(config.backend)
+        backend.check_available()
+        job_bytes = _pickle_job(train_object, args, kwargs)
+        if not config.local_mode:
+            if spark is None:
+                raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
+            from .resources import wait_for_slots
+
+            wait_for_slots(spark.sparkContext, config.num_processes, config.slot_wait_timeout, config.use_gpu)
+        handles = {}
+        if datasets:
+            if spark is None:
+                raise ConfigError("datasets= needs an active SparkSession")
+            from .data import prepare_datasets
+
+            handles = prepare_datasets(spark, datasets, config.num_processes)
+        checkpoint_dir = config.checkpoint_dir or os.path.join(
+            tempfile.gettempdir(), "spark_dist-checkpoints", config.run_id)
+        self.history = []
+        self.last_run_id = config.run_id
+        started = time.monotonic()
+        failures_seen: List[RankFailure] = []
+        for attempt in range(config.max_retries + 1):
+            remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
+            outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
+                               spark, remaining).run()
+            if outcome.failures is None:
+                self._summary(config, attempt, time.monotonic() - started)
+                return outcome.result
+            failures_seen = outcome.failures
+            if outcome.timed_out:
+                raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
+            if attempt < config.max_retries and _worth_retrying(failures_seen, config.num_processes):
+                log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
+                            failures_seen[0].headline())
+                backend = get_backend(config.backend)
+                continue
+            raise TrainingFailedError(failures_seen, attempt + 1, config.run_id)
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------------------------------------------
+    def _session(self):
+        if self._spark is not None:
+            return self._spark
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None or self._args["local_mode"]:
+            return active
+        return SparkSession.builder.getOrCreate()
+
+    def _on_report(self, record: Dict[str, Any]) -> None:
+        self.history.append(record)
+        if self.verbose:
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("rank", "time"))
+            print(f"[spark_dist rank {record.get('rank')}] {shown}", flush=True)
+
+    def _summary(self, config: RunConfig, attempt: int, seconds: float) -> None:
+        if not self.verbose:
+            return
+        last = next((r for r in reversed(self.history) if r.get("rank") == 0), None)
+        tail = "" if last is None else "; last report: " + " ".join(
+            f"{k}={_fmt(v)}" for k, v in last.items() if k not in ("rank", "time"))
+        where = "local processes" if config.local_mode else "Spark barrier tasks"
+        retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
+        print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
+              f"finished in {seconds:.2f}s{retried}{tail}", flush=True)
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _worth_retrying(failures: List[RankFailure], world_size: int) -> bool:
+    """Retry unless every rank raised the same exception: that is a bug in the code, and would fail again."""
+    raised = [f for f in failures if f.kind == "exception" and not f.secondary]
+    same = {(f.exc_type, f.message) for f in raised}
+    return not (len(raised) >= world_size and len(same) == 1)
+
+
+def _pickle_job(train_object, args, kwargs) -> bytes:
+    """Pickle the function (or read the script) on the driver, so errors show here, before any job.
+
+    Raises:
+        ConfigError: ``train_object`` is neither callable nor an existing ``.py`` file.
+    """
+    import cloudpickle
+
+    if isinstance(train_object, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(train_object))
+        if not os.path.isfile(path):
+            raise ConfigError(f"train_object {train_object!r} is not a file (pass a function or a .py path)")
+        if kwargs:
+            raise ConfigError("keyword arguments cannot be passed to a script: pass them as '--name=value' args")
+        with open(path, "rb") as f:
+            source = f.read()
+        job = Job(script_path=path, script_source=source, script_args=tuple(str(a) for a in args))
+        return cloudpickle.dumps(job)
+    if not callable(train_object):
+        raise ConfigError(f"train_object must be a function or a path to a .py file, got {type(train_object).__name__}")
+    with _by_value(train_object):
+        try:
+            return cloudpickle.dumps(Job(fn=train_object, args=tuple(args), kwargs=dict(kwargs)))
+        except Exception as exc:
+            raise ConfigError(f"the training function or its arguments cannot be pickled: {exc}") from exc
+
+
+@contextmanager
+def _by_value(fn):
+    """Pickle the function's own module by value when executors could not import it (a test file, a helper
+    module next to a notebook); installed packages stay by reference."""
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None) or ""
+    local = (module is not None and module.__name__ != "__main__" and path
+             and "site-packages" not in path and not path.startswith(sys.base_prefix)
+             and not module.__name__.startswith("spark_dist"))
+    if local:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        if local:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+class _Outcome:
+    def __init__(self, result=None, failures=None, timed_out=False):
+        self.result = result
+        self.failures = failures
+        self.timed_out = timed_out
+
+
+class _Attempt:
+    """One attempt: its own store, secret, ports and job group, so nothing of an earlier attempt can join."""
+
+    def __init__(self, owner: Distributor, config: RunConfig, backend, job_bytes: bytes, attempt: int,
+                 handles, checkpoint_dir: str, spark, time_left: Optional[float]):
+        self.owner, self.config, self.backend, self.attempt = owner, config, backend, attempt
+        self.spark = spark
+        self.deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
+        self.group = f"spark_dist-{config.run_id}-{attempt}"
+        self._store_server, port, self._listener = host_store(config.driver_host, config.rendezvous_timeout)
+        self.spec = LaunchSpec(
+            run_id=config.run_id, attempt=attempt, num_tasks=config.num_processes,
+            store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
+            use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
+            checkpoint_dir=checkpoint_dir, datasets=handles,
+        )
+        self.store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
+        self.records: List[tuple] = []
+        self.job_error: List[BaseException] = []
+        self.done = threading.Event()
+        self.reports_seen = 0
+
+    def run(self) -> _Outcome:
+        thread = threading.Thread(target=self._job, name=self.group, daemon=True)
+        thread.start()
+        timed_out = False
+        try:
+            timed_out = self._watch()
+            thread.join()
+            self._drain_reports()
+        finally:
+            self.backend.stop()
+        failures = [self.store.get(f"failure/{i}") for i in range(1, self.store.counter("failure_seq", 0) + 1)]
+        self._close()
+        if timed_out:
+            return _Outcome(failures=failures or [RankFailure(
+                None, self.config.driver_host, "timeout",
+                f"the run exceeded timeout={self.config.timeout:g}s and was stopped")], timed_out=True)
+        if failures:
+            return _Outcome(failures=failures)
+        if self.job_error:
+            return _Outcome(failures=[_lost_task_failure(self.job_error[0], self.config.driver_host)])
+        chunks = sorted((r[2], r[3]) for r in self.records if r[0] == "result")
+        import cloudpickle
+
+        return _Outcome(result=cloudpickle.loads(b"".join(c for _, c in chunks)))
+
+    def _job(self) -> None:
+        try:
+            if self.config.local_mode:
+                self._run_local()
+            else:
+                sc = self.spark.sparkContext
+                sc.setJobGroup(self.group, f"spark_dist run {self.config.run_id} attempt {self.attempt}", True)
+                n = self.config.num_processes
+                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
+                    functools.partial(run_barrier_partition, self.spec))
+                self.records.extend(rdd.collect())
+        except BaseException as exc:  # a lost executor, a cancelled job: reported as the run's failure
+            self.job_error.append(exc)
+        finally:
+            self.done.set()
+
+    def _run_local(self) -> None:
+        from .resources import local_gpu_addresses
+
+        n = self.config.num_processes
+        gpus = local_gpu_addresses(n) if self.config.use_gpu else [None] * n
+        errors: List[BaseException] = []
+
+        def serve(i):
+            try:
+                task = TaskInfo(i, self.config.driver_host, (gpus[i],) if gpus[i] is not None else ())
+                self.records.extend(serve_rank(self.spec, task, spawn_child))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=serve, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def _watch(self) -> bool:
+        """Assign ranks, relay reports, enforce abort and timeout until the job ends. True if timed out."""
+        n = self.config.num_processes
+        assigned = False
+        abort_at = None
+        cancelled = False
+        timed_out = False
+        rendezvous_deadline = time.monotonic() + self.config.rendezvous_timeout
+        poll = 0.002
+        while not self.done.wait(poll):
+            now = time.monotonic()
+            if not assigned:
+                if all(self.store.has(f"task/{i}") for i in range(n)):
+                    self._assign([self.store.get(f"task/{i}") for i in range(n)])
+                    assigned = True
+                    poll = 0.01
+                elif now > rendezvous_deadline and abort_at is None:
+                    self.store.put("abort", "rendezvous timeout")
+                    abort_at = now
+            else:
+                poll = min(poll * 1.5, 0.1)
+            self._drain_reports()
+            if abort_at is None and self.store.has("abort"):
+                abort_at = now
+            if self.deadline is not None and now > self.deadline and abort_at is None:
+                self.store.put("abort", "timeout")
+                abort_at, timed_out = now, True
+            if abort_at is not None and not cancelled and now - abort_at > self.config.abort_grace_period:
+                cancelled = True
+                if not self.config.local_mode:
+                    self.spark.sparkContext.cancelJobGroup(self.group)
+        return timed_out
+
+    def _assign(self, tasks: List[TaskInfo]) -> None:
+        ranks = assign_ranks(tasks)
+        extra = self.backend.start(ranks, self.config.driver_host, self.config.run_id)
+        envs = tuple({**torchrun_env(r, self.spec.store_host, self.spec.store_port, self.attempt, self.config.use_gpu),
+                      **extra.get(r.rank, {})} for r in ranks)
+        self.store.put("assignment", Assignment(tuple(ranks), envs))
+
+    def _drain_reports(self) -> None:
+        latest = self.store.counter("report_seq", 0)
+        while self.reports_seen < latest and self.store.has(f"report/{self.reports_seen + 1}"):
+            self.reports_seen += 1
+            self.owner._on_report(self.store.get(f"report/{self.reports_seen}"))
+
+    def _close(self) -> None:
+        # Dropping the last reference stops the store's server; the listener is ours to close.
+        self.store = None
+        self._store_server = None
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+
+def _lost_task_failure(exc: BaseException, host: str) -> RankFailure:
+    """A Spark-level failure (executor lost, task killed, the task's Python failed before its rank started)
+    with no rank report: lead with the Python error if there is one, else Spark's own reason."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    python_errors = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", line)
+                     and not line.startswith(("org.apache", "py4j", "java."))]
+    spark_reason = next((line for line in lines if "Exception" in line or "lost" in line.lower()),
+                        lines[0] if lines else type(exc).__name__)
+    reason = python_errors[0] if python_errors else spark_reason
+    return RankFailure(None, host, "lost", f"the Spark job failed before a rank reported: {reason[:500]}",
+                       exc_type=type(exc).__name__, traceback=text[-4000:], time=time.time())

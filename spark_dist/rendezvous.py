@@ -1,0 +1,173 @@
+"""Who is who: rank assignment (a pure function of the tasks' hosts and GPUs) and the run's store.
+
+The driver hosts one ``torch.distributed.TCPStore`` per attempt. Tasks join it as clients, publish where
+they run, and read back the assignment the driver computed: no Spark barrier sync on the launch path (each
+``allGather`` costs ~1 s). ``init_process_group()`` joins the same store (TORCHELASTIC_USE_AGENT_STORE).
+Values we put in the store are signed with a per-run secret and checked before anything is unpickled.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import pickle
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .resources import visible_devices
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a barrier task knows about itself before ranks exist."""
+
+    task_index: int
+    host: str
+    gpus: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank's place in the run; the torchrun variables are derived from it."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    host: str
+    gpus: Tuple[str, ...] = ()
+    cuda_visible_devices: str = ""
+    cross_rank: int = 0
+    cross_size: int = 1
+
+
+def assign_ranks(tasks: Sequence[TaskInfo]) -> List[RankInfo]:
+    """Ranks for ``tasks``, returned in the order of ``tasks``.
+
+    Hosts are numbered by the lowest task index they hold (so task 0's host is node 0); ranks run host by
+    host; within a host, tasks are ordered by their first GPU id, then task index. Local ranks are positions
+    within the host; ``cross_rank`` is the node index among hosts that have that local rank (Horovod's)."""
+    by_host: Dict[str, List[TaskInfo]] = {}
+    for task in sorted(tasks, key=lambda t: t.task_index):
+        by_host.setdefault(task.host, []).append(task)
+
+    def gpu_key(task: TaskInfo):
+        first = task.gpus[0] if task.gpus else ""
+        return (0, int(first), task.task_index) if first.isdigit() else (1, first, task.task_index)
+
+    hosts = list(by_host)  # insertion order = order of each host's lowest task index
+    world_size = len(tasks)
+    result: Dict[int, RankInfo] = {}
+    rank = 0
+    for node_rank, host in enumerate(hosts):
+        local = sorted(by_host[host], key=gpu_key)
+        visible = visible_devices([t.gpus for t in local])
+        for local_rank, task in enumerate(local):
+            holders = [h for h in hosts if len(by_host[h]) > local_rank]
+            result[task.task_index] = RankInfo(
+                rank=rank,
+                local_rank=local_rank,
+                world_size=world_size,
+                local_world_size=len(local),
+                node_rank=node_rank,
+                num_nodes=len(hosts),
+                host=host,
+                gpus=tuple(task.gpus),
+                cuda_visible_devices=visible,
+                cross_rank=holders.index(host),
+                cross_size=len(holders),
+            )
+            rank += 1
+    return [result[t.task_index] for t in tasks]
+
+
+def bind_listener(host: str) -> socket.socket:
+    """A listening socket on ``host`` only, on a free port. torch's TCPStore would listen on all
+    interfaces whatever host it is given; binding here and passing the descriptor keeps it on one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
+
+
+class SignedStore:
+    """A TCPStore with signed, pickled values under one key prefix.
+
+    ``get`` verifies the HMAC before unpickling, so a stranger who reaches the port can neither make the
+    driver nor a task unpickle its bytes."""
+
+    def __init__(self, store, secret: bytes, prefix: str):
+        self.raw = store
+        self._secret = secret
+        self._prefix = prefix
+
+    def key(self, name: str) -> str:
+        return f"{self._prefix}/{name}"
+
+    def _sign(self, data: bytes) -> bytes:
+        return hmac.new(self._secret, data, hashlib.sha256).digest()
+
+    def put(self, name: str, value) -> None:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        self.raw.set(self.key(name), self._sign(data) + data)
+
+    def get(self, name: str):
+        blob = self.raw.get(self.key(name))
+        mac, data = blob[:32], blob[32:]
+        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(data)):
+            raise PermissionError(f"store value {name!r} failed its signature check: rejected unread")
+        return pickle.loads(data)
+
+    def has(self, name: str) -> bool:
+        return self.raw.check([self.key(name)])
+
+    def counter(self, name: str, increment: int = 1) -> int:
+        return int(self.raw.add(self.key(name), increment))
+
+    def wait_for(self, name: str, timeout: float, abort: Optional[str] = None, poll: float = 0.005):
+        """Wait until ``name`` exists and return its value; ``None`` if ``abort`` appears first.
+
+        Raises:
+            TimeoutError: neither appeared within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.has(name):
+                return self.get(name)
+            if abort is not None and self.has(abort):
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout:.0f}s for {name!r} in the run's store")
+            time.sleep(poll)
+            poll = min(poll * 1.5, 0.05)
+
+
+def host_store(host: str, timeout: float):
+    """Start a TCPStore server on ``host``; returns ``(store, port, listener)``. Keep the listener
+    referenced as long as the store lives."""
+    from torch.distributed import TCPStore
+
+    listener = bind_listener(host)
+    port = listener.getsockname()[1]
+    store = TCPStore(
+        host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
+    return store, port, listener
+
+
+def join_store(host: str, port: int, timeout: float):
+    """A client of the run's store.
+
+    Raises:
+        RuntimeError / TimeoutError from torch when the driver cannot be reached.
+    """
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, None, False, timedelta(seconds=timeout))

@@ -1,0 +1,67 @@
+"""Slots and GPUs: how many barrier tasks the cluster can run at once, and which GPUs a task owns."""
+from __future__ import annotations
+
+import time
+from typing import List, Sequence
+
+from .errors import ConfigError
+
+
+def cluster_task_slots(sc) -> int:
+    """Tasks the cluster can run at once under the default resource profile (CPU and GPU amounts both
+    count), as Spark's own barrier slot check computes it."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def wait_for_slots(sc, needed: int, timeout: float, use_gpu: bool) -> int:
+    """Return the slot count once it reaches ``needed``; executors may still be registering, so wait up
+    to ``timeout`` seconds rather than fail at once, but never Spark's own 10-minute barrier wait.
+
+    Raises:
+        ConfigError: the cluster has fewer slots than ``num_processes`` after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    slots = cluster_task_slots(sc)
+    while slots < needed and time.monotonic() < deadline:
+        time.sleep(0.25)
+        slots = cluster_task_slots(sc)
+    if slots < needed:
+        unit = "GPU task slots (spark.task.resource.gpu.amount per task)" if use_gpu else "task slots"
+        raise ConfigError(
+            f"num_processes={needed} but the cluster has {slots} {unit} (master {sc.master}): lower "
+            "num_processes, add executors or cores, or raise spark.dist.slotWaitTimeout if executors are "
+            "still starting"
+        )
+    return slots
+
+
+def task_gpu_addresses(task_context) -> List[str]:
+    """The GPU addresses Spark assigned to this task (empty without GPU scheduling)."""
+    resources = task_context.resources()
+    gpu = resources.get("gpu")
+    return list(gpu.addresses) if gpu is not None else []
+
+
+def local_gpu_addresses(count: int) -> List[str]:
+    """GPUs for ``count`` processes on the driver (local mode).
+
+    Raises:
+        ConfigError: fewer CUDA devices than processes.
+    """
+    import torch
+
+    available = torch.cuda.device_count()
+    if available < count:
+        raise ConfigError(
+            f"use_gpu=True with local_mode=True needs {count} GPUs on the driver, found {available}: "
+            "lower num_processes or pass use_gpu=False"
+        )
+    return [str(i) for i in range(count)]
+
+
+def visible_devices(gpus_in_local_rank_order: Sequence[Sequence[str]]) -> str:
+    """CUDA_VISIBLE_DEVICES for a host: the GPUs Spark gave this run's tasks there, in local-rank order, so
+    ``cuda:LOCAL_RANK`` is each task's own GPU (torchrun's convention, which Lightning and scripts follow)."""
+    return ",".join(addr for gpus in gpus_in_local_rank_order for addr in gpus)

@@ -1,0 +1,364 @@
+"""The task side of a run: one barrier task (or one local-mode thread) serves one rank.
+
+The task joins the driver's store, publishes where it runs, reads its rank, then runs the training code in
+a child process and supervises it. Spark tasks *fork* the child from the reused Python worker, where
+torch is already imported (a fresh ``import torch`` costs ~1.65 s); local mode spawns a fresh interpreter.
+The child is its own process group, dies with its parent (PR_SET_PDEATHSIG) and is killed by the supervisor
+as soon as any rank's failure sets the run's abort key, so a rank blocked in a collective never hangs the run.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from .errors import RankFailure
+from .rendezvous import RankInfo, SignedStore, TaskInfo, join_store
+
+RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
+STDERR_TAIL_BYTES = 16 << 10
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a rank runs: a function with its arguments, or a script with its argv."""
+
+    fn: Any = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    script_path: Optional[str] = None
+    script_source: Optional[bytes] = None
+    script_args: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a task needs to serve a rank in one attempt. Travels inside the Spark closure."""
+
+    run_id: str
+    attempt: int
+    num_tasks: int
+    store_host: str
+    store_port: int
+    job_bytes: bytes = field(repr=False)
+    secret: bytes = field(repr=False)
+    use_gpu: bool = False
+    rendezvous_timeout: float = 300.0
+    checkpoint_dir: Optional[str] = None
+    datasets: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        return f"spark_dist/{self.run_id}/{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The driver's answer to the tasks: each task's rank and environment, by task index."""
+
+    ranks: Tuple[RankInfo, ...]
+    envs: Tuple[Dict[str, str], ...]
+
+
+def signed_store(spec: LaunchSpec) -> SignedStore:
+    return SignedStore(join_store(spec.store_host, spec.store_port, spec.rendezvous_timeout), spec.secret, spec.prefix)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Spark task entry
+# --------------------------------------------------------------------------------------------------------
+def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[tuple]:
+    """``mapPartitions`` function of the barrier stage: serve the rank of this task, yield its records."""
+    from pyspark import BarrierTaskContext
+
+    from .resources import task_gpu_addresses
+
+    task_context = BarrierTaskContext.get()
+    index = task_context.partitionId()
+    # getTaskInfos() is static scheduling information: unlike allGather it costs no barrier sync.
+    host = task_context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+    gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
+    yield from serve_rank(spec, TaskInfo(index, host, gpus), fork_child)
+
+
+def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]:
+    """Rendezvous, run the child, and yield ``("result", task_index, chunk_no, bytes)`` records (rank 0
+    only) or ``("status", task_index, outcome)``."""
+    store = signed_store(spec)
+    store.put(f"task/{task.task_index}", task)
+    assignment = store.wait_for("assignment", spec.rendezvous_timeout, abort="abort")
+    if assignment is None:
+        yield ("status", task.task_index, "aborted")
+        return
+    rank = assignment.ranks[task.task_index]
+    env = assignment.envs[task.task_index]
+    workdir = tempfile.mkdtemp(prefix=f"spark_dist-{spec.run_id}-{spec.attempt}-r{rank.rank}-")
+    try:
+        child = start_child(spec, rank, env, workdir)
+        outcome = _supervise(child, store, spec, rank, workdir)
+        if outcome == "ok" and rank.rank == 0:
+            result = _read_file(os.path.join(workdir, "result.pkl"))
+            for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
+                yield ("result", task.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
+        yield ("status", task.task_index, outcome)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Supervision
+# --------------------------------------------------------------------------------------------------------
+class _ChildProcess:
+    """A rank process: pid, a way to wait for its exit code (negative = killed by that signal), and the
+    read end of its stderr."""
+
+    def __init__(self, pid: int, stderr_fd: int, popen: Optional[subprocess.Popen] = None):
+        self.pid = pid
+        self.stderr_fd = stderr_fd
+        self._popen = popen
+
+    def wait(self) -> int:
+        if self._popen is not None:
+            return self._popen.wait()
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # the child leads its own group: its helpers go too
+        except ProcessLookupError:
+            pass
+
+
+class _StderrTail(threading.Thread):
+    """Forwards the child's stderr to ours (executor log / console) and keeps its last bytes for reports."""
+
+    def __init__(self, fd: int):
+        super().__init__(daemon=True)
+        self.fd = fd
+        self.tail = bytearray()
+
+    def run(self):
+        out = getattr(sys.stderr, "buffer", None)
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            self.tail += data
+            del self.tail[:-STDERR_TAIL_BYTES]
+            try:
+                if out is not None:
+                    out.write(data)
+                    out.flush()
+            except Exception:
+                pass
+        os.close(self.fd)
+
+    def text(self) -> str:
+        return self.tail.decode("utf-8", "replace")
+
+
+def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo, workdir: str) -> str:
+    """Wait for the child; kill it when the run aborts; report its failure. Returns ok/aborted/failed."""
+    tail = _StderrTail(child.stderr_fd)
+    tail.start()
+    exit_code = []
+    waiter = threading.Thread(target=lambda: exit_code.append((child.wait(), time.time())), daemon=True)
+    waiter.start()
+    aborted = False
+    poll = 0.005
+    while waiter.is_alive():
+        waiter.join(poll)
+        poll = min(poll * 2, 0.05)
+        if waiter.is_alive() and store.has("abort"):
+            aborted = True
+            child.kill()
+            waiter.join()
+    tail.join(timeout=2.0)
+    code, ended = exit_code[0]
+    if code == 0 and not aborted:
+        return "ok"
+    if aborted:
+        return "aborted"
+    failure_path = os.path.join(workdir, "failure.pkl")
+    if os.path.exists(failure_path):
+        failure: RankFailure = pickle.loads(_read_file(failure_path))
+    elif code < 0:
+        failure = RankFailure(rank.rank, rank.host, "signal", f"killed by signal {-code}", signal=-code,
+                              traceback=tail.text()[-4000:], time=ended)
+    else:
+        failure = RankFailure(rank.rank, rank.host, "exit", "the rank process exited unexpectedly",
+                              exit_code=code, traceback=tail.text()[-4000:], time=ended)
+    failure.seq = store.counter("failure_seq")
+    store.put(f"failure/{failure.seq}", failure)
+    store.put("abort", f"rank {rank.rank} failed")
+    return "failed"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Starting the child
+# --------------------------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, so a killed Spark worker leaves no rank behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
+    """Fork the rank from this (warm) Python worker."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 70
+        try:
+            os.close(read_fd)
+            os.setpgid(0, 0)
+            _die_with_parent()
+            os.dup2(write_fd, 2)
+            os.close(write_fd)
+            code = child_main(spec, rank, env, workdir)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+    os.close(write_fd)
+    return _ChildProcess(pid, read_fd)
+
+
+def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
+    """Start the rank as a fresh interpreter (local mode: the driver is no place to fork from)."""
+    payload = os.path.join(workdir, "launch.pkl")
+    with open(os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        pickle.dump((spec, rank, env, workdir), f)
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "spark_dist._rank_main", payload],
+        env={**os.environ, **env}, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    stderr_fd = os.dup(popen.stderr.fileno())
+    popen.stderr.close()
+    return _ChildProcess(popen.pid, stderr_fd, popen)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Inside the child
+# --------------------------------------------------------------------------------------------------------
+def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> int:
+    """Run the job as rank ``rank``; write ``result.pkl`` or ``failure.pkl`` into ``workdir``; return the
+    exit code."""
+    import faulthandler
+
+    import cloudpickle
+
+    from . import context
+
+    os.environ.update(env)
+    faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
+    reporter = _Reporter(spec)
+    ctx = context.TrainContext(
+        rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
+        local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
+        run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, checkpoint_dir=spec.checkpoint_dir,
+        datasets=dict(spec.datasets), _reporter=reporter,
+    )
+    context._set_context(ctx)
+    try:
+        job: Job = cloudpickle.loads(spec.job_bytes)
+        if job.script_path is not None:
+            _run_script(job, workdir)
+            result = None
+        else:
+            result = job.fn(*job.args, **job.kwargs)
+        data = cloudpickle.dumps(result if rank.rank == 0 else None)
+        _write_private(os.path.join(workdir, "result.pkl"), data)
+        return 0
+    except SystemExit as exc:  # a script's sys.exit(n)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code == 0:
+            _write_private(os.path.join(workdir, "result.pkl"), cloudpickle.dumps(None))
+            return 0
+        failure = RankFailure(rank.rank, rank.host, "exit", f"sys.exit({exc.code!r})", exit_code=code,
+                              traceback=traceback.format_exc(), time=time.time())
+        _write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
+        return code
+    except BaseException as exc:
+        failure = RankFailure(rank.rank, rank.host, "exception", str(exc),
+                              exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
+                              traceback=traceback.format_exc(), time=time.time(),
+                              exception_bytes=_try_pickle(exc))
+        _write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
+        traceback.print_exc()
+        return 1
+    finally:
+        context._set_context(None)
+
+
+def _run_script(job: Job, workdir: str) -> None:
+    """Run a script as ``python script.py args`` would, in this already-warm interpreter."""
+    import runpy
+
+    path = job.script_path
+    if not os.path.exists(path):  # another machine: run the copy the driver shipped
+        path = os.path.join(workdir, os.path.basename(job.script_path))
+        _write_private(path, job.script_source)
+    sys.argv = [path, *job.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+
+
+def _try_pickle(exc: BaseException) -> Optional[bytes]:
+    try:
+        import cloudpickle
+
+        data = cloudpickle.dumps(exc)
+        cloudpickle.loads(data)
+        return data
+    except Exception:
+        return None
+
+
+def _write_private(path: str, data: bytes) -> None:
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(data)
+
+
+class _Reporter:
+    """Sends ``ctx.report`` metrics to the driver through the run's store (connected on first use)."""
+
+    def __init__(self, spec: LaunchSpec):
+        self._spec = spec
+        self._store = None
+
+    def __call__(self, record: dict) -> None:
+        if self._store is None:
+            self._store = signed_store(self._spec)
+        seq = self._store.counter("report_seq")
+        self._store.put(f"report/{seq}", record)
