@@ -73,11 +73,15 @@ class Distributor:
             RunTimeoutError: the run took longer than ``timeout``.
         """
         spark = self._session()
-        conf = dict(spark.sparkContext.getConf().getAll()) if spark is not None else {}
+        conf = _spark_conf(spark)
         config = RunConfig.build(spark_conf=conf, **self._args)
         backend = get_backend(config.backend)
         backend.check_available()
         job_bytes = _pickle_job(train_object, args, kwargs)
+        if config.local_mode and config.use_gpu:
+            from .resources import local_gpu_addresses
+
+            local_gpu_addresses(config.num_processes)
         if not config.local_mode:
             if spark is None:
                 raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
@@ -142,6 +146,22 @@ class Distributor:
         retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
         print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
               f"finished in {seconds:.2f}s{retried}{tail}", flush=True)
+
+
+def _spark_conf(spark) -> Dict[str, str]:
+    """The SparkContext's conf, with spark_dist keys also taken from the session's runtime conf
+    (``spark.conf.set("spark.dist.checkpointDir", ...)`` in a notebook works)."""
+    if spark is None:
+        return {}
+    conf = dict(spark.sparkContext.getConf().getAll())
+    from . import config as keys
+
+    for key in (keys.CONF_CHECKPOINT_DIR, keys.CONF_ALLOW_UNENCRYPTED, keys.CONF_SLOT_WAIT,
+                keys.CONF_RENDEZVOUS_TIMEOUT, keys.CONF_ABORT_GRACE):
+        value = spark.conf.get(key, None)
+        if value is not None:
+            conf[key] = value
+    return conf
 
 
 def _fmt(value) -> str:
@@ -218,7 +238,7 @@ class _Attempt:
         self.spark = spark
         self.deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
         self.group = f"spark_dist-{config.run_id}-{attempt}"
-        self._store_server, port, self._listener = host_store(config.driver_host, config.rendezvous_timeout)
+        self._store_server, port = host_store(config.driver_host, config.rendezvous_timeout)
         self.spec = LaunchSpec(
             run_id=config.run_id, attempt=attempt, num_tasks=config.num_processes,
             store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
@@ -341,13 +361,9 @@ class _Attempt:
             self.owner._on_report(self.store.get(f"report/{self.reports_seen}"))
 
     def _close(self) -> None:
-        # Dropping the last reference stops the store's server; the listener is ours to close.
+        # Dropping the last reference stops the store's server and closes its port.
         self.store = None
         self._store_server = None
-        try:
-            self._listener.close()
-        except OSError:
-            pass
 
 
 def _lost_task_failure(exc: BaseException, host: str) -> RankFailure:

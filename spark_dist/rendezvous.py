@@ -149,8 +149,8 @@ class SignedStore:
 
 
 def host_store(host: str, timeout: float):
-    """Start a TCPStore server on ``host``; returns ``(store, port, listener)``. Keep the listener
-    referenced as long as the store lives."""
+    """Start a TCPStore server on ``host``; returns ``(store, port)``. The store owns the listening
+    socket from here on: dropping the last reference to it closes the port."""
     from torch.distributed import TCPStore
 
     listener = bind_listener(host)
@@ -159,7 +159,8 @@ def host_store(host: str, timeout: float):
         host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
         master_listen_fd=listener.fileno(),
     )
-    return store, port, listener
+    listener.detach()
+    return store, port
 
 
 def join_store(host: str, port: int, timeout: float):

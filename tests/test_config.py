@@ -1,0 +1,54 @@
+"""Bad settings fail on the driver, before any Spark job, naming what to change."""
+import pytest
+
+from spark_dist import ConfigError, Distributor
+from spark_dist.config import CONF_ALLOW_UNENCRYPTED, RunConfig
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
+def test_num_processes_must_be_a_positive_int(value):
+    with pytest.raises(ConfigError, match="num_processes"):
+        Distributor(num_processes=value)
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(ConfigError, match="backend must be one of ddp, horovod"):
+        Distributor(num_processes=2, backend="mpi")
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"max_retries": -1}, "max_retries"), ({"timeout": 0}, "timeout"), ({"run_id": "a b"}, "run_id")])
+def test_other_arguments_are_checked(kwargs, word):
+    with pytest.raises(ConfigError, match=word):
+        Distributor(num_processes=2, **kwargs)
+
+
+def test_dynamic_allocation_is_refused_by_conf_key():
+    with pytest.raises(ConfigError, match="spark.dynamicAllocation.enabled=false"):
+        RunConfig.build(num_processes=2, spark_conf={"spark.dynamicAllocation.enabled": "true"})
+
+
+def test_use_gpu_without_gpu_scheduling_names_the_conf_key():
+    with pytest.raises(ConfigError, match="spark.task.resource.gpu.amount"):
+        RunConfig.build(num_processes=2, use_gpu=True, spark_conf={})
+
+
+def test_tls_refused_unless_opted_in():
+    conf = {"spark.ssl.enabled": "true"}
+    with pytest.raises(ConfigError, match=CONF_ALLOW_UNENCRYPTED):
+        RunConfig.build(num_processes=2, spark_conf=conf)
+    assert RunConfig.build(num_processes=2, spark_conf={**conf, CONF_ALLOW_UNENCRYPTED: "true"}).allow_unencrypted
+    # TorchDistributor's own opt-in key works for people moving over.
+    assert RunConfig.build(num_processes=2, spark_conf={**conf, "pytorch.spark.distributor.ignoreSsl": "true"})
+
+
+def test_driver_host_comes_from_spark_conf_and_each_run_gets_its_own_id():
+    a = RunConfig.build(num_processes=1, spark_conf={"spark.driver.host": "127.0.0.1"})
+    b = RunConfig.build(num_processes=1)
+    assert a.driver_host == "127.0.0.1" and a.run_id != b.run_id and not a.resume
+    assert RunConfig.build(num_processes=1, run_id="nightly-1").resume
+
+
+def test_bad_conf_values_name_the_key():
+    with pytest.raises(ConfigError, match="spark.dist.slotWaitTimeout"):
+        RunConfig.build(num_processes=1, spark_conf={"spark.dist.slotWaitTimeout": "soon"})

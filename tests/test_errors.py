@@ -1,0 +1,35 @@
+"""Failures pickle cleanly and lead with the root cause, not the peers' echoes."""
+import pickle
+import signal
+
+from spark_dist import TrainingFailedError
+from spark_dist.errors import RankFailure, root_cause
+
+
+def _failure(rank, seq, message, exc_type="RuntimeError", kind="exception", **kw):
+    return RankFailure(rank, f"host{rank}", kind, message, exc_type=exc_type, seq=seq, **kw)
+
+
+def test_root_cause_skips_a_peer_that_only_lost_its_partner():
+    echo = _failure(0, 1, "[/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    real = _failure(1, 2, "CUDA out of memory", exc_type="torch.OutOfMemoryError")
+    assert echo.secondary and not real.secondary
+    assert root_cause([echo, real]) is real
+
+
+def test_signal_death_is_named():
+    dead = RankFailure(1, "h", "signal", "killed", signal=signal.SIGKILL, seq=1)
+    error = TrainingFailedError([dead])
+    assert error.rank == 1 and error.signal == signal.SIGKILL
+    assert "rank 1 on host h was killed by signal SIGKILL (9)" in str(error)
+
+
+def test_training_failed_error_round_trips_through_pickle_with_its_cause():
+    import cloudpickle
+
+    original = _failure(1, 1, "bad lr", exc_type="ValueError", traceback="Traceback ...\nValueError: bad lr",
+                        exception_bytes=cloudpickle.dumps(ValueError("bad lr")))
+    error = pickle.loads(pickle.dumps(TrainingFailedError([original], attempts=2, run_id="r1")))
+    assert (error.rank, error.host, error.exc_type, error.attempts) == (1, "host1", "ValueError", 2)
+    assert isinstance(error.cause, ValueError) and "after 2 attempts" in str(error)
+    assert "ValueError: bad lr" in error.remote_traceback

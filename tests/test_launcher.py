@@ -1,0 +1,184 @@
+"""Distributor.run on real Spark: functions, scripts, local mode, results, failures, concurrency."""
+import os
+import signal
+import textwrap
+import threading
+import time
+
+import pytest
+
+from spark_dist import ConfigError, Distributor, TrainingFailedError, get_context
+
+
+def allreduce_and_describe(scale, *, offset=0):
+    """A rank's view of the run, after a real gloo all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # no address: the torchrun variables point at the run's store
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    ctx = get_context()
+    ctx.report(total=float(value))
+    views = [None] * ctx.world_size
+    dist.all_gather_object(views, {
+        "ctx": (ctx.rank, ctx.local_rank, ctx.world_size, ctx.local_world_size, ctx.node_rank, ctx.attempt),
+        "env": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                           "MASTER_ADDR", "MASTER_PORT")},
+        "pid": os.getpid(),
+    })
+    dist.destroy_process_group()
+    return {"sum": float(value) * scale + offset, "views": views}
+
+
+def test_function_runs_on_every_rank_and_rank_zero_returns(spark_local):
+    d = Distributor(num_processes=2, verbose=False)
+    out = d.run(allreduce_and_describe, 10, offset=1)
+    assert out["sum"] == 31.0
+    ctx0, ctx1 = (v["ctx"] for v in out["views"])
+    assert ctx0 == (0, 0, 2, 2, 0, 0) and ctx1 == (1, 1, 2, 2, 0, 0)
+    env1 = out["views"][1]["env"]
+    assert env1["RANK"] == "1" and env1["WORLD_SIZE"] == "2" and env1["MASTER_ADDR"] == "127.0.0.1"
+    assert out["views"][0]["pid"] != out["views"][1]["pid"]
+    # Reports reach the driver and are kept in the run's history.
+    assert sorted(r["rank"] for r in d.history) == [0, 1] and all(r["total"] == 3.0 for r in d.history)
+
+
+def test_large_result_comes_back_whole(spark_local):
+    def big():
+        import numpy as np
+
+        return np.arange(5_000_000, dtype=np.float64)  # 40 MB: several chunks
+
+    out = Distributor(num_processes=2, verbose=False).run(big)
+    assert out.shape == (5_000_000,) and out[-1] == 4_999_999
+
+
+def test_script_runs_as_torchrun_would(spark_local, tmp_path):
+    script = tmp_path / "train.py"
+    marker = tmp_path / "out"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        assert sys.argv[1:] == ["--lr=0.1", "x"], sys.argv
+        with open(sys.argv[0] + f".rank{os.environ['RANK']}", "w") as f:
+            f.write(os.environ["WORLD_SIZE"])
+        if __name__ != "__main__":
+            sys.exit(3)
+    """))
+    assert Distributor(num_processes=2, verbose=False).run(str(script), "--lr=0.1", "x") is None
+    assert sorted(p.name for p in tmp_path.iterdir() if ".rank" in p.name) == ["train.py.rank0", "train.py.rank1"]
+    del marker
+
+
+def test_script_exit_code_is_a_failure(spark_local, tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys\nsys.exit(4 if os.environ['RANK'] == '1' else 0)\n")
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, verbose=False).run(str(script))
+    assert info.value.rank == 1 and info.value.first.exit_code == 4
+    assert "exited with code 4" in str(info.value)
+
+
+def test_local_mode_runs_processes_on_the_driver(spark_local):
+    out = Distributor(num_processes=2, local_mode=True, verbose=False).run(allreduce_and_describe, 1)
+    assert out["sum"] == 3.0
+    assert {v["pid"] for v in out["views"]}.isdisjoint({os.getpid()})
+
+
+def hang_unless_rank_one_raises():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        raise ValueError("learning rate must be positive")
+    dist.all_reduce(torch.ones(1))  # rank 0 blocks here: its partner never comes
+    time.sleep(600)
+
+
+def test_a_failing_rank_is_reported_within_seconds_while_its_peer_blocks(spark_local):
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, verbose=False).run(hang_unless_rank_one_raises)
+    error = info.value
+    assert time.monotonic() - started < 30
+    assert (error.rank, error.host, error.exc_type) == (1, "127.0.0.1", "ValueError")
+    assert isinstance(error.cause, ValueError) and isinstance(error.__cause__, ValueError)
+    assert "raise ValueError(\"learning rate must be positive\")" in error.remote_traceback
+    assert "rank 1 on host 127.0.0.1 raised ValueError: learning rate must be positive" in str(error)
+    # The session stays usable.
+    assert Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)["sum"] == 3.0
+
+
+def killed_by_signal():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    time.sleep(600)
+
+
+def test_a_rank_killed_by_a_signal_is_reported_as_such(spark_local):
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, verbose=False).run(killed_by_signal)
+    assert info.value.rank == 1 and info.value.signal == signal.SIGKILL
+    assert "rank 1 on host 127.0.0.1 was killed by signal SIGKILL" in str(info.value)
+
+
+def test_get_context_outside_a_run_says_where_it_works():
+    with pytest.raises(RuntimeError, match="only inside a function run by"):
+        get_context()
+
+
+def test_more_processes_than_slots_fails_before_any_job(spark_local):
+    spark_local.conf.set("spark.dist.slotWaitTimeout", "1")
+    try:
+        jobs_before = len(spark_local.sparkContext.statusTracker().getJobIdsForGroup(None))
+        with pytest.raises(ConfigError, match=r"num_processes=3 but the cluster has 2 task slots"):
+            Distributor(num_processes=3, verbose=False).run(allreduce_and_describe, 1)
+        assert len(spark_local.sparkContext.statusTracker().getJobIdsForGroup(None)) == jobs_before
+    finally:
+        spark_local.conf.unset("spark.dist.slotWaitTimeout")
+
+
+def test_bad_train_object_is_refused_before_any_job(spark_local, tmp_path):
+    with pytest.raises(ConfigError, match="is not a file"):
+        Distributor(num_processes=2).run(str(tmp_path / "missing.py"))
+    with pytest.raises(ConfigError, match="must be a function or a path"):
+        Distributor(num_processes=2).run(42)
+    lock = threading.Lock()
+    with pytest.raises(ConfigError, match="cannot be pickled"):
+        Distributor(num_processes=2).run(lambda: lock)
+
+
+def test_two_runs_at_once_each_get_their_own_result(spark_local):
+    results = {}
+
+    def launch(scale):
+        results[scale] = Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, scale)["sum"]
+
+    threads = [threading.Thread(target=launch, args=(s,)) for s in (1, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == {1: 3.0, 100: 300.0}
+
+
+def test_runs_on_two_executors_of_a_standalone_cluster(spark_standalone):
+    out = Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)
+    assert out["sum"] == 3.0
+    assert [v["ctx"][:3] for v in out["views"]] == [(0, 0, 2), (1, 1, 2)]
+
+
+def test_a_killed_rank_on_the_standalone_cluster_names_the_rank(spark_standalone):
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, verbose=False).run(killed_by_signal)
+    assert info.value.rank == 1 and info.value.signal == signal.SIGKILL
+    assert Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)["sum"] == 3.0
