@@ -82,8 +82,10 @@ class RunConfig:
         run_id=None,
         checkpoint_dir=None,
         spark_conf: Optional[Mapping[str, str]] = None,
+        arguments_only: bool = False,
     ) -> "RunConfig":
-        """Validate the arguments and the Spark conf.
+        """Validate the arguments and the Spark conf (only the arguments with ``arguments_only``, as a
+        constructor does before a session is known).
 
         Raises:
             ConfigError: naming the argument or conf key that is wrong.
@@ -111,7 +113,9 @@ class RunConfig:
                 "barrier-mode training cannot run with dynamic allocation: "
                 "set spark.dynamicAllocation.enabled=false"
             )
-        if not local_mode and use_gpu and not conf.get("spark.task.resource.gpu.amount"):
+        if arguments_only:
+            conf = {}
+        elif not local_mode and use_gpu and not conf.get("spark.task.resource.gpu.amount"):
             raise ConfigError(
                 "use_gpu=True needs GPU scheduling: set spark.task.resource.gpu.amount (and "
                 "spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"

@@ -25,6 +25,7 @@ class TrainContext:
     run_id: str
     host: str
     use_gpu: bool = False
+    gpus: tuple = ()  # the GPU addresses Spark assigned to this rank's task
     checkpoint_dir: Optional[str] = None
     datasets: Dict[str, Any] = field(default_factory=dict, repr=False)
     _reporter: Any = field(default=None, repr=False)

@@ -2,7 +2,8 @@
 changed import."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any
 
 from .errors import ConfigError
 from .launcher import Distributor
@@ -24,26 +25,47 @@ class TorchDistributor(Distributor):
 
 
 class HorovodRunner(Distributor):
-    """Databricks' ``sparkdl.HorovodRunner``: ``np > 0`` runs np Spark tasks, ``np < 0`` runs -np processes on
-    the driver, ``np == 0`` uses every task slot of the cluster. ``run(main, **kwargs)`` returns rank 0's value.
+    """Databricks' ``sparkdl.HorovodRunner`` on spark_dist's Horovod backend.
+
+    Args:
+        np: ``np > 0``: np Spark tasks (waits for that many task slots, fails when the cluster has fewer);
+            ``np < 0``: -np processes on the driver, no Spark job; ``np == 0``: one task per task slot of
+            the cluster, counted when ``run`` is called.
+        driver_log_verbosity: ``"all"`` prints every ``ctx.report`` and a summary on the driver;
+            ``"log_callback_only"`` keeps the driver quiet (reports stay in ``history``).
+        options: further :class:`~spark_dist.Distributor` arguments (``timeout``, ``max_retries``, ...).
+
+    ``run(main, **kwargs)`` calls ``main(**kwargs)`` on every rank and returns rank 0's value.
 
     Raises:
-        ConfigError: ``np`` is not an int.
+        ConfigError: ``np`` is not an int, or ``driver_log_verbosity`` is not one of the two values.
     """
 
     def __init__(self, np: int, driver_log_verbosity: str = "all", **options: Any):
         if isinstance(np, bool) or not isinstance(np, int):
-            raise ConfigError(f"np must be an int (np > 0: Spark tasks, np < 0: local processes), got {np!r}")
+            raise ConfigError(f"np must be an int (np > 0: Spark tasks, np < 0: processes on the driver, "
+                              f"np == 0: every task slot), got {np!r}")
+        if driver_log_verbosity not in ("all", "log_callback_only"):
+            raise ConfigError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
+                              f"got {driver_log_verbosity!r}")
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
-        local_mode = np < 0
-        num = abs(np) if np != 0 else 1  # np == 0 is resolved against the cluster in run()
-        super().__init__(num_processes=num, backend="horovod", local_mode=local_mode,
-                         verbose=driver_log_verbosity == "all", **options)
+        options.setdefault("verbose", driver_log_verbosity == "all")
+        # np == 0 is resolved against the cluster in run(); 1 only passes the argument check here.
+        super().__init__(num_processes=abs(np) or 1, backend="horovod", local_mode=np < 0, **options)
 
-    def run(self, main, **kwargs):  # noqa: D401 - same contract as Databricks'
+    def run(self, main, **kwargs):
+        """Run ``main(**kwargs)`` on every rank; return rank 0's value.
+
+        Raises:
+            ConfigError, TrainingFailedError, RunTimeoutError: as :meth:`spark_dist.Distributor.run`.
+        """
         if self.np == 0:
             from .resources import cluster_task_slots
 
             self._args["num_processes"] = max(cluster_task_slots(self._session().sparkContext), 1)
-        return super().run(main, **kwargs)
+        # Every keyword belongs to main (Databricks' contract), ``datasets`` included: bind them here so
+        # Distributor.run sees none of them. Keeping main's module lets it be pickled by value as usual.
+        bound = functools.partial(main, **kwargs)
+        bound.__module__ = getattr(main, "__module__", None)
+        return super().run(bound)

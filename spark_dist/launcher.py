@@ -53,7 +53,7 @@ class Distributor:
                  spark=None):
         self._args = dict(num_processes=num_processes, backend=backend, local_mode=local_mode, use_gpu=use_gpu,
                           max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir)
-        RunConfig.build(**self._args)  # fail fast on arguments; conf is checked again in run()
+        RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
         self.verbose = verbose
         self._spark = spark
         self.history: List[Dict[str, Any]] = []

@@ -286,7 +286,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     ctx = context.TrainContext(
         rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
         local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
-        run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, checkpoint_dir=spec.checkpoint_dir,
+        run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, gpus=rank.gpus, checkpoint_dir=spec.checkpoint_dir,
         datasets=dict(spec.datasets), _reporter=reporter,
     )
     context._set_context(ctx)

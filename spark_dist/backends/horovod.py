@@ -1,0 +1,145 @@
+"""Horovod over gloo: the driver hosts Horovod's own HTTP rendezvous server, and every rank gets the
+variables ``horovodrun --gloo`` / ``horovod.spark.run`` would set, so ``hvd.init()`` with no arguments
+just works inside the training function.
+
+Horovod is imported only when this backend is chosen; its import is the availability check.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Dict, List, Optional
+
+from ..errors import BackendUnavailableError
+from ..rendezvous import RankInfo
+from .base import Backend
+
+INSTALL_HINT = (
+    "install it with `make env` (builds horovod 0.28.1 with gloo and PyTorch support), or "
+    "`pip install spark_dist[horovod]` with HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 after applying the "
+    "C++17 patch to horovod's CMakeLists.txt (see STACK.md, 'Building Horovod'); or choose backend='ddp'"
+)
+
+
+class HorovodBackend(Backend):
+    """Starts a gloo rendezvous server per attempt and describes each rank to Horovod."""
+
+    name = "horovod"
+
+    def __init__(self):
+        self._server = None
+        self._thread: Optional[threading.Thread] = None
+
+    def check_available(self) -> None:
+        """Import ``horovod.torch`` on the driver: a missing or broken build fails here, before any job.
+
+        Raises:
+            BackendUnavailableError: horovod.torch cannot be imported, or Horovod was built without gloo.
+        """
+        try:
+            import horovod.torch as hvd
+        except Exception as exc:  # ImportError, or a torch ABI mismatch surfacing as another error
+            raise BackendUnavailableError(
+                f"backend='horovod' needs horovod.torch, which cannot be imported here ({exc}): {INSTALL_HINT}"
+            ) from exc
+        if not hvd.gloo_built():
+            raise BackendUnavailableError(
+                f"backend='horovod' runs Horovod over gloo, but this Horovod was built without it: {INSTALL_HINT}")
+
+    def start(self, ranks: List[RankInfo], driver_host: str, run_id: str) -> Dict[int, Dict[str, str]]:
+        """Start the rendezvous server on ``driver_host`` (that address only) for this host plan.
+
+        Returns:
+            The Horovod variables for every rank, by rank number.
+
+        Raises:
+            OSError: the server cannot bind ``driver_host``.
+        """
+        from horovod.runner.common.util.hosts import SlotInfo
+        from horovod.runner.http.http_server import RendezvousHandler
+
+        plan = [SlotInfo(hostname=r.host, rank=r.rank, local_rank=r.local_rank, cross_rank=r.cross_rank,
+                         size=r.world_size, local_size=r.local_world_size, cross_size=r.cross_size)
+                for r in sorted(ranks, key=lambda r: r.rank)]
+        self._server = _server_class()((driver_host, 0), RendezvousHandler)
+        # init() sizes each scope (global, local_<host>, cross_<local rank>), so the server can clear a
+        # scope once all its members are done with it.
+        self._server.init(plan)
+        port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name=f"horovod-rendezvous-{run_id}",
+                                        daemon=True)
+        self._thread.start()
+
+        common = {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": driver_host,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+        }
+        envs = {}
+        for r in ranks:
+            env = dict(common, HOROVOD_HOSTNAME=r.host, HOROVOD_RANK=str(r.rank), HOROVOD_SIZE=str(r.world_size),
+                       HOROVOD_LOCAL_RANK=str(r.local_rank), HOROVOD_LOCAL_SIZE=str(r.local_world_size),
+                       HOROVOD_CROSS_RANK=str(r.cross_rank), HOROVOD_CROSS_SIZE=str(r.cross_size))
+            iface = gloo_iface(r.host)
+            if iface:
+                env["HOROVOD_GLOO_IFACE"] = iface
+            envs[r.rank] = env
+        return envs
+
+    def stop(self) -> None:
+        """Stop the server and close its socket. Safe to call twice, or after a failed ``start``."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            server.shutdown()  # waits for serve_forever to return; would block forever if it never ran
+        server.server_close()
+        self._thread = None
+
+
+def _server_class():
+    """Horovod's rendezvous HTTP server, bound to the address given. Horovod's own ``RendezvousServer``
+    binds all interfaces (``find_port`` uses ``''``); we bind the driver's address only."""
+    from horovod.runner.http.http_server import RendezvousHTTPServer
+
+    class _BoundRendezvousServer(RendezvousHTTPServer):
+        daemon_threads = True  # a half-open request must not hold up stop()
+        request_queue_size = 128  # every rank connects at once; HTTPServer's default backlog is 5
+
+        def __init__(self, address, handler):
+            self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+            super().__init__(address, handler, False)
+
+        def server_bind(self):
+            # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall; the name is unused.
+            import socketserver
+
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = self.server_address[:2]
+
+    return _BoundRendezvousServer
+
+
+def gloo_iface(host: str) -> Optional[str]:
+    """The network interface gloo should use on ``host``.
+
+    ``HOROVOD_GLOO_IFACE`` in the driver's environment wins (as ``horovodrun --network-interface``). A host
+    address that belongs to this machine (loopback: ``lo``) maps to its interface here. Otherwise ``None``:
+    gloo then binds the address the task's host name resolves to, since the driver cannot see remote
+    interface names.
+    """
+    forced = os.environ.get("HOROVOD_GLOO_IFACE")
+    if forced:
+        return forced
+    import psutil  # a dependency of horovod
+
+    try:
+        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] in wanted for a in addrs):
+            return name
+    return None

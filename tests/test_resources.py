@@ -1,0 +1,43 @@
+"""GPU slots on a local-cluster with fake GPUs: which GPU each rank sees, and how many ranks fit."""
+import os
+
+import pytest
+
+from spark_dist import ConfigError, Distributor, get_context
+from spark_dist.resources import cluster_task_slots, visible_devices
+
+
+def gpu_view():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # the GPUs are fake: talk over gloo
+    ctx = get_context()
+    views = [None] * ctx.world_size
+    dist.all_gather_object(views, (ctx.rank, ctx.local_rank, ctx.gpus, os.environ["CUDA_VISIBLE_DEVICES"],
+                                   str(ctx.device)))
+    dist.destroy_process_group()
+    return views
+
+
+def test_each_rank_sees_its_own_gpu_at_cuda_local_rank(spark_local_cluster):
+    views = Distributor(num_processes=2, use_gpu=True, verbose=False).run(gpu_view)
+    assert sorted(g for v in views for g in v[2]) == ["0", "1"]  # one distinct GPU per task
+    for rank, local_rank, gpus, visible, device in views:
+        assert visible == "0,1"  # this host's task GPUs, in local-rank order
+        assert visible.split(",")[local_rank] == gpus[0]
+        assert device == f"cuda:{local_rank}"
+
+
+def test_gpu_slots_bound_the_number_of_ranks(spark_local_cluster):
+    assert cluster_task_slots(spark_local_cluster.sparkContext) == 2
+    spark_local_cluster.conf.set("spark.dist.slotWaitTimeout", "1")
+    try:
+        with pytest.raises(ConfigError, match="num_processes=3 but the cluster has 2 GPU task slots"):
+            Distributor(num_processes=3, use_gpu=True, verbose=False).run(gpu_view)
+    finally:
+        spark_local_cluster.conf.unset("spark.dist.slotWaitTimeout")
+
+
+def test_visible_devices_lists_gpus_in_local_rank_order():
+    assert visible_devices([["3"], ["1"]]) == "3,1"
+    assert visible_devices([["0", "1"], ["2", "3"]]) == "0,1,2,3"
