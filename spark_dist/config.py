@@ -18,6 +18,8 @@ CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # hon
 CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
+# Keys also read from the session's runtime conf (spark.conf.set) at each run.
+RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE)
 
 BACKENDS = ("ddp", "horovod")
 

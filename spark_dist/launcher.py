@@ -148,19 +148,27 @@ class Distributor:
               f"finished in {seconds:.2f}s{retried}{tail}", flush=True)
 
 
+_context_conf_cache: Dict[int, Dict[str, str]] = {}
+
+
 def _spark_conf(spark) -> Dict[str, str]:
-    """The SparkContext's conf, with spark_dist keys also taken from the session's runtime conf
+    """The SparkContext's conf (fixed once the context runs, so read once per context: py4j calls cost
+    on the launch path), with spark_dist keys also taken from the session's runtime conf
     (``spark.conf.set("spark.dist.checkpointDir", ...)`` in a notebook works)."""
     if spark is None:
         return {}
-    conf = dict(spark.sparkContext.getConf().getAll())
+    sc = spark.sparkContext
+    key = id(sc._jsc)
+    if key not in _context_conf_cache:
+        _context_conf_cache.clear()  # one live SparkContext per process
+        _context_conf_cache[key] = dict(sc.getConf().getAll())
+    conf = dict(_context_conf_cache[key])
     from . import config as keys
 
-    for key in (keys.CONF_CHECKPOINT_DIR, keys.CONF_ALLOW_UNENCRYPTED, keys.CONF_SLOT_WAIT,
-                keys.CONF_RENDEZVOUS_TIMEOUT, keys.CONF_ABORT_GRACE):
-        value = spark.conf.get(key, None)
+    for name in keys.RUNTIME_KEYS:
+        value = spark.conf.get(name, None)
         if value is not None:
-            conf[key] = value
+            conf[name] = value
     return conf
 
 

@@ -1,0 +1,76 @@
+"""Launch benchmark: spark_dist vs PySpark's TorchDistributor on the same standalone cluster, same run.
+
+Trivial job: 2 ranks, one gloo all-reduce of 10 floats, warm SparkSession. Reports each launcher's first
+run and the median of its warm runs, and their ratio. ``make bench-launch`` (never a timed test).
+"""
+import argparse
+import json
+import os
+import platform
+import time
+
+from _cluster import median, standalone_session
+
+
+def allreduce_ten_floats():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return float(t[0])
+
+
+def timed(fn, runs):
+    seconds, results = [], []
+    for _ in range(runs):
+        started = time.perf_counter()
+        results.append(fn())
+        seconds.append(time.perf_counter() - started)
+    return seconds, results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--warm-runs", type=int, default=5)
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args()
+
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
+
+    from spark_dist import Distributor
+
+    figures = {}
+    with standalone_session("bench_launch") as spark:
+        sc = spark.sparkContext
+        bare, _ = timed(lambda: sc.parallelize(range(2), 2).barrier().mapPartitions(lambda it: [1]).collect(),
+                        args.warm_runs)
+        figures["bare barrier stage (no sync)"] = {"first": bare[0], "warm_median": median(bare[1:])}
+        ours = Distributor(num_processes=2, verbose=False)
+        seconds, results = timed(lambda: ours.run(allreduce_ten_floats), args.warm_runs + 1)
+        assert all(r == 2.0 for r in results), results
+        figures["spark_dist Distributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
+                                             "warm_runs": seconds[1:]}
+        theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        seconds, results = timed(lambda: theirs.run(allreduce_ten_floats), args.warm_runs + 1)
+        assert all(r == 2.0 for r in results), results
+        figures["PySpark TorchDistributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
+                                               "warm_runs": seconds[1:]}
+
+    ours, theirs = figures["spark_dist Distributor"], figures["PySpark TorchDistributor"]
+    ratios = {"first": theirs["first"] / ours["first"], "warm_median": theirs["warm_median"] / ours["warm_median"]}
+    print("| launcher | first run (s) | warm median (s) |\n|---|---|---|")
+    for name, f in figures.items():
+        print(f"| {name} | {f['first']:.2f} | {f['warm_median']:.3f} |")
+    print(f"| TorchDistributor / spark_dist | {ratios['first']:.1f}x | {ratios['warm_median']:.1f}x |")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"figures": figures, "ratios": ratios, "machine": platform.platform(),
+                       "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
