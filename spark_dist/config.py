@@ -18,8 +18,10 @@ CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # hon
 CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
+CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
-RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE)
+RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
+                CONF_COLLECTIVE_TIMEOUT)
 
 BACKENDS = ("ddp", "horovod")
 
@@ -67,6 +69,7 @@ class RunConfig:
     slot_wait_timeout: float = 30.0
     rendezvous_timeout: float = 300.0
     abort_grace_period: float = 5.0
+    collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
     ssl_enabled: bool = False
     allow_unencrypted: bool = False
     spark_conf: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -144,6 +147,7 @@ class RunConfig:
             slot_wait_timeout=_conf_seconds(conf, CONF_SLOT_WAIT, 30.0),
             rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
+            collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
             ssl_enabled=ssl_enabled,
             allow_unencrypted=allow_unencrypted,
             spark_conf=conf,

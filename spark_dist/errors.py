@@ -54,9 +54,18 @@ class RankFailure:
 
     @property
     def secondary(self) -> bool:
-        """True when this failure only echoes a peer's death (a collective that lost its partner)."""
+        """True when this failure only echoes another rank's: a collective that lost its partner, or a rank
+        found waiting inside torch.distributed when the run timed out."""
+        if self.kind == "timeout":
+            return self.in_collective
         text = f"{self.exc_type} {self.message}"
         return self.kind == "exception" and any(m in text for m in _SECONDARY_MARKERS)
+
+    @property
+    def in_collective(self) -> bool:
+        """The rank's dumped stack (innermost frame first) is inside torch.distributed or horovod."""
+        frame = _innermost_frame(self.traceback)
+        return any(p in frame for p in ("torch/distributed", "horovod/"))
 
     def exception(self) -> Optional[BaseException]:
         """The rank's own exception object, when it could be pickled and unpickled here."""
@@ -78,11 +87,30 @@ class RankFailure:
             except ValueError:
                 name = str(self.signal)
             return f"{who} on host {self.host} was killed by signal {name} ({self.signal})"
+        if self.kind == "timeout" and self.rank is not None:
+            where = _innermost_frame(self.traceback)
+            state = "was waiting in a collective" if self.in_collective else "stopped answering"
+            return f"{who} on host {self.host} {state} ({self.message}){': at ' + where if where else ''}"
         if self.kind == "exit":
             return f"{who} on host {self.host} exited with code {self.exit_code}: {self.message}"
         if self.exc_type:
             return f"{who} on host {self.host} raised {self.exc_type}: {self.message}"
         return f"{who} on host {self.host}: {self.message}"
+
+
+def _innermost_frame(stack: str) -> str:
+    """The innermost frame of the main thread in a faulthandler dump (its outermost frame is child_main)."""
+    blocks, current = [], []
+    for line in stack.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            current = []
+            blocks.append(current)
+        elif line.strip().startswith("File "):
+            if not blocks:
+                blocks.append(current)
+            current.append(line.strip())
+    main = next((b for b in blocks if any("in child_main" in f for f in b)), blocks[0] if blocks else [])
+    return main[0] if main else ""
 
 
 def root_cause(failures: List[RankFailure]) -> RankFailure:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from .backends import get_backend
 from .config import RunConfig
-from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError
+from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, assign_ranks, host_store
 from .backends.base import torchrun_env
 from .worker import Assignment, Job, LaunchSpec, run_barrier_partition, serve_rank, spawn_child
@@ -102,16 +102,20 @@ class Distributor:
         started = time.monotonic()
         failures_seen: List[RankFailure] = []
         for attempt in range(config.max_retries + 1):
+            if attempt and not config.local_mode:  # a lost executor may still be coming back
+                from .resources import wait_for_slots
+
+                wait_for_slots(spark.sparkContext, config.num_processes, config.slot_wait_timeout, config.use_gpu)
             remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
             outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
                                spark, remaining).run()
             if outcome.failures is None:
                 self._summary(config, attempt, time.monotonic() - started)
                 return outcome.result
-            failures_seen = outcome.failures
+            previous, failures_seen = failures_seen, outcome.failures
             if outcome.timed_out:
                 raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
-            if attempt < config.max_retries and _worth_retrying(failures_seen, config.num_processes):
+            if attempt < config.max_retries and _worth_retrying(failures_seen, config.num_processes, previous):
                 log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
                             failures_seen[0].headline())
                 backend = get_backend(config.backend)
@@ -176,11 +180,17 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _worth_retrying(failures: List[RankFailure], world_size: int) -> bool:
-    """Retry unless every rank raised the same exception: that is a bug in the code, and would fail again."""
+def _worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
+    """Retry a lost task, a killed process, or an exception on some ranks; not an exception that every rank
+    raised alike, nor the same root-cause exception as the attempt before: a bug in the code fails again."""
     raised = [f for f in failures if f.kind == "exception" and not f.secondary]
-    same = {(f.exc_type, f.message) for f in raised}
-    return not (len(raised) >= world_size and len(same) == 1)
+    if len(raised) >= world_size and len({(f.exc_type, f.message) for f in raised}) == 1:
+        return False
+    if previous:
+        now, before = root_cause(failures), root_cause(previous)
+        if now.kind == before.kind == "exception" and (now.exc_type, now.message) == (before.exc_type, before.message):
+            return False
+    return True
 
 
 def _pickle_job(train_object, args, kwargs) -> bytes:
@@ -251,13 +261,14 @@ class _Attempt:
             run_id=config.run_id, attempt=attempt, num_tasks=config.num_processes,
             store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
-            checkpoint_dir=checkpoint_dir, datasets=handles,
+            checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
         )
         self.store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
         self.records: List[tuple] = []
         self.job_error: List[BaseException] = []
         self.done = threading.Event()
         self.reports_seen = 0
+        self.ranks: List[Any] = []  # RankInfo by task index, once assigned
 
     def run(self) -> _Outcome:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
@@ -266,19 +277,27 @@ class _Attempt:
         try:
             timed_out = self._watch()
             thread.join()
+            if self.job_error and not self.store.has("abort"):
+                self.store.put("abort", "the Spark job failed")  # supervisors still running stop their ranks
             self._drain_reports()
         finally:
             self.backend.stop()
         failures = [self.store.get(f"failure/{i}") for i in range(1, self.store.counter("failure_seq", 0) + 1)]
+        stacks = {r.rank: self.store.get(f"stack/{r.rank}") for r in self.ranks if self.store.has(f"stack/{r.rank}")}
         self._close()
         if timed_out:
-            return _Outcome(failures=failures or [RankFailure(
+            message = f"the run exceeded timeout={self.config.timeout:g}s"
+            hung = [RankFailure(r.rank, r.host, "timeout", message, traceback=stacks[r.rank], seq=r.rank + 1)
+                    for r in self.ranks if r.rank in stacks]
+            return _Outcome(failures=failures or hung or [RankFailure(
                 None, self.config.driver_host, "timeout",
-                f"the run exceeded timeout={self.config.timeout:g}s and was stopped")], timed_out=True)
+                message + (" while the ranks were starting" if self.ranks else " before every rank started"))],
+                timed_out=True)
+        if self.job_error and all(f.secondary for f in failures):
+            # A rank whose worker died reports nothing itself; its peers only saw the connection drop.
+            failures = [_lost_task_failure(self.job_error[0], self.config.driver_host, self.ranks), *failures]
         if failures:
             return _Outcome(failures=failures)
-        if self.job_error:
-            return _Outcome(failures=[_lost_task_failure(self.job_error[0], self.config.driver_host)])
         chunks = sorted((r[2], r[3]) for r in self.records if r[0] == "result")
         import cloudpickle
 
@@ -357,6 +376,7 @@ class _Attempt:
 
     def _assign(self, tasks: List[TaskInfo]) -> None:
         ranks = assign_ranks(tasks)
+        self.ranks = ranks
         extra = self.backend.start(ranks, self.config.driver_host, self.config.run_id)
         envs = tuple({**torchrun_env(r, self.spec.store_host, self.spec.store_port, self.attempt, self.config.use_gpu),
                       **extra.get(r.rank, {})} for r in ranks)
@@ -374,9 +394,10 @@ class _Attempt:
         self._store_server = None
 
 
-def _lost_task_failure(exc: BaseException, host: str) -> RankFailure:
+def _lost_task_failure(exc: BaseException, host: str, ranks) -> RankFailure:
     """A Spark-level failure (executor lost, task killed, the task's Python failed before its rank started)
-    with no rank report: lead with the Python error if there is one, else Spark's own reason."""
+    with no rank report: name the rank of the failed barrier task when Spark says which it was, and lead with
+    the Python error if there is one, else Spark's own reason."""
     text = str(exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     python_errors = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", line)
@@ -384,5 +405,12 @@ def _lost_task_failure(exc: BaseException, host: str) -> RankFailure:
     spark_reason = next((line for line in lines if "Exception" in line or "lost" in line.lower()),
                         lines[0] if lines else type(exc).__name__)
     reason = python_errors[0] if python_errors else spark_reason
-    return RankFailure(None, host, "lost", f"the Spark job failed before a rank reported: {reason[:500]}",
+    rank = None
+    task = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", text)
+    if task and ranks and int(task.group(1)) < len(ranks):
+        rank, host = ranks[int(task.group(1))].rank, ranks[int(task.group(1))].host
+    lost = re.search(r"(Python worker exited unexpectedly[^\n]*|ExecutorLostFailure[^\n]*)", text)
+    if lost and not python_errors:
+        reason = lost.group(1)
+    return RankFailure(rank, host, "lost", f"its Spark task failed: {reason[:500]}",
                        exc_type=type(exc).__name__, traceback=text[-4000:], time=time.time())

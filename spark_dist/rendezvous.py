@@ -125,7 +125,14 @@ class SignedStore:
         return pickle.loads(data)
 
     def has(self, name: str) -> bool:
-        return self.raw.check([self.key(name)])
+        """True when ``name`` holds a value we signed; a forged one counts as absent."""
+        if not self.raw.check([self.key(name)]):
+            return False
+        try:
+            self.get(name)
+        except PermissionError:
+            return False
+        return True
 
     def counter(self, name: str, increment: int = 1) -> int:
         return int(self.raw.add(self.key(name), increment))

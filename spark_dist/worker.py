@@ -55,6 +55,7 @@ class LaunchSpec:
     rendezvous_timeout: float = 300.0
     checkpoint_dir: Optional[str] = None
     datasets: Dict[str, Any] = field(default_factory=dict)
+    collective_timeout: Optional[float] = None
 
     @property
     def prefix(self) -> str:
@@ -151,6 +152,7 @@ class _StderrTail(threading.Thread):
         super().__init__(daemon=True)
         self.fd = fd
         self.tail = bytearray()
+        self.total = 0  # bytes read so far (the tail itself is trimmed)
 
     def run(self):
         out = getattr(sys.stderr, "buffer", None)
@@ -162,6 +164,7 @@ class _StderrTail(threading.Thread):
             if not data:
                 break
             self.tail += data
+            self.total += len(data)
             del self.tail[:-STDERR_TAIL_BYTES]
             try:
                 if out is not None:
@@ -174,9 +177,15 @@ class _StderrTail(threading.Thread):
     def text(self) -> str:
         return self.tail.decode("utf-8", "replace")
 
+    def since(self, total: int) -> str:
+        """What arrived after ``total`` bytes had been read (as much as the tail still holds)."""
+        new = self.total - total
+        return bytes(self.tail[-new:]).decode("utf-8", "replace") if new > 0 else ""
+
 
 def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo, workdir: str) -> str:
-    """Wait for the child; kill it when the run aborts; report its failure. Returns ok/aborted/failed."""
+    """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
+    report its failure. Returns ok/aborted/failed."""
     tail = _StderrTail(child.stderr_fd)
     tail.start()
     exit_code = []
@@ -184,20 +193,27 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
     waiter.start()
     aborted = False
     poll = 0.005
-    while waiter.is_alive():
-        waiter.join(poll)
-        poll = min(poll * 2, 0.05)
-        if waiter.is_alive() and store.has("abort"):
-            aborted = True
-            child.kill()
-            waiter.join()
+    try:
+        while waiter.is_alive():
+            waiter.join(poll)
+            poll = min(poll * 2, 0.05)
+            if waiter.is_alive() and store.has("abort"):
+                aborted = True
+                if store.get("abort") == "timeout":
+                    store.put(f"stack/{rank.rank}", _dump_stack(child, tail))
+                child.kill()
+                waiter.join()
+    except BaseException:  # the driver (and its store) went away, or this task is being killed
+        aborted = True
+        child.kill()
+        waiter.join()
     tail.join(timeout=2.0)
     code, ended = exit_code[0]
+    failure_path = os.path.join(workdir, "failure.pkl")
     if code == 0 and not aborted:
         return "ok"
-    if aborted:
+    if aborted and not os.path.exists(failure_path):  # a rank that had raised by itself still reports it
         return "aborted"
-    failure_path = os.path.join(workdir, "failure.pkl")
     if os.path.exists(failure_path):
         failure: RankFailure = pickle.loads(_read_file(failure_path))
     elif code < 0:
@@ -215,6 +231,24 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
 # --------------------------------------------------------------------------------------------------------
 # Starting the child
 # --------------------------------------------------------------------------------------------------------
+def _dump_stack(child: _ChildProcess, tail: _StderrTail) -> str:
+    """Ask the child for its Python stack (faulthandler on SIGUSR1) and return what it printed."""
+    before = tail.total
+    try:
+        os.kill(child.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return ""
+    deadline = time.monotonic() + 1.0
+    seen = ""
+    while time.monotonic() < deadline:  # until the dump stops growing
+        time.sleep(0.05)
+        text = tail.since(before)
+        if text and text == seen:
+            break
+        seen = text
+    return tail.since(before)[-4000:]
+
+
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when its parent dies, so a killed Spark worker leaves no rank behind."""
     try:
@@ -282,6 +316,9 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
 
     os.environ.update(env)
     faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout
+    if spec.collective_timeout:
+        _set_collective_timeout(spec.collective_timeout)
     reporter = _Reporter(spec)
     ctx = context.TrainContext(
         rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
@@ -319,6 +356,17 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         return 1
     finally:
         context._set_context(None)
+
+
+def _set_collective_timeout(seconds: float) -> None:
+    """Make ``init_process_group()`` without ``timeout=`` use ours: a collective whose peer never comes
+    then raises instead of waiting torch's default 30 minutes."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timedelta(seconds=seconds)
+    c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
 
 
 def _run_script(job: Job, workdir: str) -> None:

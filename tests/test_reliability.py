@@ -1,0 +1,216 @@
+"""Retries resume from checkpoints; hung ranks, killed ranks and lost workers end cleanly and say who."""
+import glob
+import os
+import signal
+import socket
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from spark_dist import Distributor, RunTimeoutError, TrainingFailedError, get_context
+
+
+def simple_sum():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return float(t)
+
+
+def hang_on_rank_one():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(600)  # never joins the all-reduce
+    dist.all_reduce(torch.ones(1))
+
+
+def test_timeout_names_the_rank_that_stopped_answering(spark_local):
+    # Warm Python workers first: the timeout below measures the hang, not torch's first import.
+    Distributor(num_processes=2, verbose=False).run(simple_sum)
+    started = time.monotonic()
+    with pytest.raises(RunTimeoutError) as info:
+        Distributor(num_processes=2, timeout=8, verbose=False).run(hang_on_rank_one)
+    assert time.monotonic() - started < 30
+    error = info.value
+    assert error.rank == 1
+    text = str(error)
+    assert "rank 1 on host 127.0.0.1 stopped answering (the run exceeded timeout=8s): at File" in text
+    assert "in hang_on_rank_one" in text
+    assert "rank 0 on host 127.0.0.1 was waiting in a collective" in text
+
+
+def fail_once(marker_dir):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    ctx = get_context()
+    if ctx.attempt == 0 and ctx.rank == 1:
+        raise ConnectionError("flaky network on the first attempt")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return (ctx.attempt, float(t))
+
+
+def test_a_rank_that_fails_once_is_retried_with_a_new_attempt(spark_local):
+    d = Distributor(num_processes=2, max_retries=2, verbose=False)
+    assert d.run(fail_once, None) == (1, 2.0)
+
+
+def same_bug_everywhere():
+    raise KeyError("missing_column")
+
+
+def test_the_same_error_on_every_rank_is_not_retried(spark_local):
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, max_retries=3, verbose=False).run(same_bug_everywhere)
+    assert info.value.attempts == 1 and info.value.exc_type == "KeyError"
+
+
+def train_with_checkpoints(epochs, crash_at_epoch):
+    """Deterministic DDP training that checkpoints every epoch; rank 1 is SIGKILLed once at crash_at_epoch."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    dist.init_process_group("gloo")
+    ctx = get_context()
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = ctx.load_checkpoint(default={"epoch": 0})
+    if "model" in state:
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    data = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 4, generator=data), torch.randn(64, 1, generator=data)
+    for epoch in range(state["epoch"], epochs):
+        if epoch == crash_at_epoch and ctx.attempt == 0 and ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        shard = slice(ctx.rank * 32, (ctx.rank + 1) * 32)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x[shard]), y[shard]).backward()
+        optimizer.step()
+        ctx.save_checkpoint({"epoch": epoch + 1, "model": model.module.state_dict(),
+                             "optimizer": optimizer.state_dict()})
+        dist.barrier()  # the checkpoint of this epoch is written before anyone moves on
+    return {"weights": model.module.weight.detach().clone(), "attempt": ctx.attempt}
+
+
+def test_a_killed_rank_resumes_from_its_checkpoint_with_identical_weights(spark_local, tmp_path):
+    clean = Distributor(num_processes=2, verbose=False, checkpoint_dir=str(tmp_path / "clean"))
+    expected = clean.run(train_with_checkpoints, 6, None)
+    resumed = Distributor(num_processes=2, max_retries=1, verbose=False, checkpoint_dir=str(tmp_path / "crash"))
+    out = resumed.run(train_with_checkpoints, 6, 3)
+    assert out["attempt"] == 1 and expected["attempt"] == 0
+    assert out["weights"].equal(expected["weights"])
+
+
+def test_the_same_run_id_resumes_an_earlier_run(spark_local, tmp_path):
+    first = Distributor(num_processes=2, verbose=False, run_id="resume-me", checkpoint_dir=str(tmp_path))
+    with pytest.raises(TrainingFailedError):
+        first.run(train_with_checkpoints, 6, 3)  # no retries: the run stops at epoch 3
+    assert os.path.exists(tmp_path / "checkpoint.pt")
+    again = Distributor(num_processes=2, verbose=False, run_id="resume-me", checkpoint_dir=str(tmp_path))
+    expected = Distributor(num_processes=2, verbose=False, checkpoint_dir=str(tmp_path / "x")).run(
+        train_with_checkpoints, 6, None)
+    assert again.run(train_with_checkpoints, 6, None)["weights"].equal(expected["weights"])
+
+
+def record_pid_then_block(pid_dir):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    open(os.path.join(pid_dir, f"rank{dist.get_rank()}.pid"), "w").write(str(os.getpid()))
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    time.sleep(600)
+
+
+def _leftovers(run_id):
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"spark_dist-{run_id}-*"))
+
+
+def test_after_a_failure_no_rank_process_or_temp_dir_is_left(spark_local, tmp_path):
+    d = Distributor(num_processes=2, verbose=False)
+    with pytest.raises(TrainingFailedError):
+        d.run(record_pid_then_block, str(tmp_path))
+    pids = [int(open(tmp_path / f"rank{r}.pid").read()) for r in (0, 1)]
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    assert _leftovers(d.last_run_id) == []
+
+
+def _listening_ports():
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_ten_runs_back_to_back_leave_nothing_behind(spark_local):
+    ports_before = _listening_ports()
+    d = Distributor(num_processes=2, verbose=False)
+    run_ids = []
+    for _ in range(10):
+        assert d.run(simple_sum) == 1.0
+        run_ids.append(d.last_run_id)
+    assert len(set(run_ids)) == 10
+    assert _listening_ports() <= ports_before  # every run's store port is closed
+    assert [p for r in run_ids for p in _leftovers(r)] == []
+
+
+def poke_the_store_then_sum():
+    """Rank 0 plays a stranger on the run's store: garbage bytes, then a forged abort key."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))) as s:
+            s.sendall(os.urandom(256))
+        stranger = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False)
+        run = get_context()
+        stranger.set(f"spark_dist/{run.run_id}/{run.attempt}/abort", b"x" * 40)
+        time.sleep(0.5)  # the supervisors poll the abort key meanwhile
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def test_forged_connections_and_values_do_not_disturb_a_run(spark_local):
+    assert Distributor(num_processes=2, verbose=False).run(poke_the_store_then_sum) == 2.0
+
+
+def kill_my_python_worker():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if get_context().attempt == 0 and dist.get_rank() == 1:
+        os.kill(os.getppid(), signal.SIGKILL)  # the executor's Python worker that supervises this rank
+        time.sleep(600)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return (get_context().attempt, float(t))
+
+
+def test_a_killed_python_worker_is_retried_on_the_standalone_cluster(spark_standalone):
+    assert Distributor(num_processes=2, max_retries=1, verbose=False).run(kill_my_python_worker) == (1, 2.0)
+
+
+def test_a_killed_python_worker_without_retries_names_the_rank(spark_standalone):
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, verbose=False).run(kill_my_python_worker)
+    assert info.value.first.kind == "lost" and info.value.rank == 1
+    assert "Python worker exited unexpectedly" in str(info.value)
