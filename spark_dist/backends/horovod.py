@@ -18,7 +18,7 @@ from .base import Backend
 INSTALL_HINT = (
     "install it with `make env` (builds horovod 0.28.1 with gloo and PyTorch support), or "
     "`pip install spark_dist[horovod]` with HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 after applying the "
-    "C++17 patch to horovod's CMakeLists.txt (see STACK.md, 'Building Horovod'); or choose backend='ddp'"
+    "C++17 patch to horovod's CMakeLists.txt (see the README's set-up); or choose backend='ddp'"
 )
 
 
