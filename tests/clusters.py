@@ -1,0 +1,371 @@
+"""Real Spark set-ups for the tests: local[2], local-cluster with fake GPUs, and a standalone cluster.
+
+PySpark allows one active SparkContext per Python process, so `SparkManager` keeps at most one
+SparkSession alive and switches kinds on demand. Everything started here binds 127.0.0.1 and is
+stopped by pid / process group; `find_leaks` checks that nothing outlives the test session.
+"""
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import psutil
+import pyspark
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOCAL, LOCAL_CLUSTER, STANDALONE = "local", "local_cluster", "standalone"
+# Every process this test session starts inherits this variable (JVMs pass their environment on to
+# executors and Python daemons), which lets the leak check find orphans whose parent already died.
+SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
+# Processes that must not outlive a test run.
+SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py")
+
+N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, STANDALONE: 2}  # executors besides the driver
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(what, check, timeout, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: the forked child only calls it
+
+
+def _die_with_parent():
+    """preexec_fn: SIGTERM the child if pytest dies without cleaning up (kill -9, os._exit).
+
+    Survives the exec in spark-class; the JVM's shutdown hooks then stop its executors. (Linux
+    sends it when the forking *thread* ends: start clusters from the main thread.)
+    """
+    PR_SET_PDEATHSIG = 1
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def install_gpu_script(tmpdir):
+    """Copy the discovery script into tmpdir with its exec bit (Spark runs it directly)."""
+    dst = os.path.join(tmpdir, "fake_gpu_discovery.sh")
+    shutil.copy(os.path.join(HERE, "fake_gpu_discovery.sh"), dst)
+    os.chmod(dst, 0o755)
+    return dst
+
+
+class StandaloneCluster:
+    """A standalone master plus workers (1 core, 2g, 1 fake GPU each), each its own process group."""
+
+    def __init__(self, tmpdir, gpu_script, n_workers=2, cores=1, memory="2g"):
+        self.tmpdir, self.gpu_script = tmpdir, gpu_script
+        self.n_workers, self.cores, self.memory = n_workers, cores, memory
+        self.master = None  # Popen
+        self.workers = []  # Popen
+        self.master_url = self.webui_url = None
+        self.spark_home = SPARK_HOME
+        self.spark_submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
+
+    @property
+    def master_pid(self):
+        return self.master.pid
+
+    @property
+    def worker_pids(self):
+        return [w.pid for w in self.workers]
+
+    def _spawn(self, name, args, extra_env=None):
+        log = open(os.path.join(self.tmpdir, f"{name}.log"), "ab")
+        env = dict(os.environ, SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1", **(extra_env or {}))
+        with log:
+            return subprocess.Popen(
+                [os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+
+    def _alive_workers(self):
+        with urllib.request.urlopen(self.webui_url + "/json/", timeout=5) as r:
+            state = json.load(r)
+        return [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
+
+    def is_running(self):
+        procs = [self.master, *self.workers]
+        return self.master is not None and all(p.poll() is None for p in procs)
+
+    def start(self):
+        port, ui_port = free_port(), free_port()
+        self.master_url = f"spark://127.0.0.1:{port}"
+        self.webui_url = f"http://127.0.0.1:{ui_port}"
+        self.master = self._spawn("master", ["org.apache.spark.deploy.master.Master",
+                                             "--host", "127.0.0.1", "--port", str(port),
+                                             "--webui-port", str(ui_port)])
+        for i in range(self.n_workers):
+            work_dir = os.path.join(self.tmpdir, f"worker{i}")
+            os.makedirs(work_dir, exist_ok=True)
+            props = os.path.join(self.tmpdir, f"worker{i}.properties")
+            with open(props, "w") as f:  # the worker's own resources: one fake GPU, address i
+                f.write(f"spark.worker.resource.gpu.amount 1\n"
+                        f"spark.worker.resource.gpu.discoveryScript {self.gpu_script}\n")
+            self.workers.append(self._spawn(
+                f"worker{i}",
+                ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                 "--cores", str(self.cores), "--memory", self.memory,
+                 "--webui-port", str(free_port()), "--work-dir", work_dir,
+                 "--properties-file", props, self.master_url],
+                extra_env={"FAKE_GPU_ADDRESS": str(i)}))
+
+        def ready():
+            if not self.is_running():
+                raise RuntimeError(f"a standalone JVM exited early; see logs in {self.tmpdir}")
+            try:
+                return len(self._alive_workers()) == self.n_workers
+            except OSError:  # master UI not up yet
+                return False
+
+        try:
+            _wait_for("standalone workers to register", ready, timeout=90, interval=0.5)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def executor_pids(self):
+        """Executor JVMs the workers run now (children of the worker JVMs)."""
+        pids = []
+        for w in self.workers:
+            try:
+                children = psutil.Process(w.pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            for c in children:
+                try:  # zombies (e.g. the finished discovery script) have no cmdline
+                    if "CoarseGrainedExecutorBackend" in " ".join(c.cmdline()):
+                        pids.append(c.pid)
+                except psutil.Error:
+                    pass
+        return pids
+
+    def stop(self):
+        """SIGTERM each process group (worker shutdown hooks stop executors), then SIGKILL."""
+        procs = [p for p in [*self.workers, self.master] if p is not None]
+        for p in procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # Whatever is left of the group (executors, Python daemons) goes now.
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+        self.master, self.workers = None, []
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)  # pgid == pid: start_new_session made it the group leader
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class SparkManager:
+    """Holds at most one SparkSession; `get(kind)` switches kinds by stopping the old one."""
+
+    def __init__(self, tmpdir):
+        self.tmpdir = tmpdir
+        self.gpu_script = install_gpu_script(tmpdir)
+        self.gpu_counter = os.path.join(tmpdir, "gpu_counter")
+        os.environ["FAKE_GPU_COUNTER"] = self.gpu_counter  # read by local-cluster workers
+        self.kind = None
+        self.spark = None
+        self.cluster = None  # StandaloneCluster, started lazily
+
+    def standalone(self):
+        if self.cluster is None or not self.cluster.is_running():
+            if self.cluster is not None:  # a test killed a master/worker JVM: start afresh
+                if self.kind == STANDALONE:
+                    self.stop()
+                self.cluster.stop()
+            d = os.path.join(self.tmpdir, f"standalone-{time.time_ns()}")
+            os.makedirs(d)
+            self.cluster = StandaloneCluster(d, self.gpu_script).start()
+        return self.cluster
+
+    def _conf(self, kind):
+        conf = {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.python.worker.reuse": "true",
+            "spark.executor.memory": "1g",
+            # Too few slots for a barrier stage otherwise re-checks every 15 s, 40 times.
+            "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+            "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "10",
+        }
+        if kind == LOCAL:
+            conf["spark.master"] = "local[2]"
+        elif kind == LOCAL_CLUSTER:
+            conf.update({
+                "spark.master": "local-cluster[2,1,1024]",
+                "spark.test.home": SPARK_HOME,  # where the executors find bin/ and jars/
+                # GPUs belong to the (in-JVM) workers: without spark.worker.resource.* the master
+                # never launches an executor that asks for a GPU. Executors get their addresses
+                # from the worker (a resources file), so no executor discovery script is needed.
+                "spark.worker.resource.gpu.amount": "1",
+                "spark.worker.resource.gpu.discoveryScript": self.gpu_script,
+                "spark.executor.resource.gpu.amount": "1",
+                "spark.task.resource.gpu.amount": "1",
+            })
+        elif kind == STANDALONE:
+            conf["spark.master"] = self.standalone().master_url
+        else:
+            raise ValueError(kind)
+        return conf
+
+    def _is_alive(self):
+        sc = SparkContext._active_spark_context
+        return self.spark is not None and sc is not None and sc is self.spark.sparkContext
+
+    def get(self, kind):
+        if kind == STANDALONE and self.cluster is not None and not self.cluster.is_running():
+            self.standalone()  # restarts the cluster (and drops the session on it)
+        if self.kind == kind and self._is_alive():
+            self.wait_for_executors()  # a test may have killed some
+            return self.spark
+        self.stop()
+        if kind == LOCAL_CLUSTER and os.path.exists(self.gpu_counter):
+            os.remove(self.gpu_counter)  # new workers get GPUs 0 and 1 again
+        builder = SparkSession.builder.appName(f"spark_dist-tests-{kind}")
+        for k, v in self._conf(kind).items():
+            builder = builder.config(k, v)
+        self.spark, self.kind = builder.getOrCreate(), kind
+        self.spark.sparkContext.setLogLevel("WARN")
+        self.wait_for_executors()
+        self._warm_up()
+        return self.spark
+
+    def wait_for_executors(self, timeout=120):
+        n = N_EXECUTORS[self.kind]
+        jsc = self.spark.sparkContext._jsc.sc()
+        # getExecutorMemoryStatus counts the driver too.
+        _wait_for(f"{n} executors", lambda: jsc.getExecutorMemoryStatus().size() - 1 >= n, timeout)
+
+    def _warm_up(self):
+        """One barrier task per slot: each executor starts its Python daemon now, not in a test."""
+        n = max(2, N_EXECUTORS[self.kind])
+        sc = self.spark.sparkContext
+        sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: [sum(it)]).collect()
+
+    def stop(self):
+        """Stop our session, and any SparkContext a test made itself (getOrCreate would reuse it)."""
+        self.spark, self.kind = None, None
+        sc = SparkContext._active_spark_context
+        if sc is None:
+            return
+        try:
+            sc.stop()
+        except Exception:  # a broken JVM (e.g. a test timed out mid-call): start from scratch
+            stop_gateway()
+
+    def shutdown(self):
+        cluster, self.cluster = self.cluster, None
+        try:
+            self.stop()  # the app first, so that its executors end cleanly
+        finally:
+            try:
+                if cluster is not None:
+                    cluster.stop()
+            finally:
+                stop_gateway()
+
+
+def stop_gateway():
+    """Stop any SparkContext and the py4j gateway JVM (SparkContext.stop leaves the JVM running)."""
+    sc = SparkContext._active_spark_context
+    if sc is not None:
+        try:
+            sc.stop()
+        except Exception:
+            pass  # the JVM goes below anyway
+        SparkContext._active_spark_context = None
+    gw = SparkContext._gateway
+    if gw is None:
+        return
+    proc = getattr(gw, "proc", None)
+    try:
+        gw.shutdown()
+    except Exception:
+        pass
+    if proc is not None:
+        # The gateway JVM exits when its stdin closes.
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+def _is_spark_process(p):
+    cmd = " ".join(p.info["cmdline"] or [])
+    return any(s in cmd for s in SPARK_PATTERNS)
+
+
+def find_leaks(marker_value):
+    """Spark/PySpark processes started by this test session that are still running: descendants
+    of pytest, or processes carrying our marker (orphans re-parented away from us). Never a
+    recorded pid alone: once reaped, a pid may belong to someone else's process."""
+    me = psutil.Process()
+    mine = {c.pid for c in me.children(recursive=True)}
+    leaks = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.pid == me.pid or p.info["status"] == psutil.STATUS_ZOMBIE or not _is_spark_process(p):
+            continue
+        try:
+            if p.pid in mine or p.environ().get(SESSION_MARKER) == marker_value:
+                leaks.append(p)
+        except psutil.Error:  # not ours to read, or gone
+            pass
+    return leaks
+
+
+def wait_for_no_leaks(marker_value, timeout=30):
+    """Processes exit a little after their driver stops; give them time, then report what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leaks = find_leaks(marker_value)
+        if not leaks or time.monotonic() > deadline:
+            return leaks
+        time.sleep(0.5)
+
+
+def describe(procs):
+    out = []
+    for p in procs:
+        try:
+            out.append(f"  pid {p.pid}: {' '.join(p.cmdline())[:300]}")
+        except psutil.Error:
+            out.append(f"  pid {p.pid}: (gone)")
+    return "\n".join(out)
+

@@ -1,0 +1,176 @@
+"""Shared Spark set-ups for the tests (see tests/clusters.py).
+
+Fixtures (use at most one spark_* fixture per test: only one SparkContext can live in a process):
+  spark_local          SparkSession on local[2]
+  spark_local_cluster  SparkSession on local-cluster[2,1,1024]: 2 executor JVMs, 1 core and
+                       1 fake GPU each (addresses "0" and "1"), 1 GPU per task
+  spark_standalone     SparkSession on the standalone cluster below (2 executors, 1 core each)
+  standalone_cluster   the StandaloneCluster: .master_url, .master_pid, .worker_pids,
+                       .executor_pids(), .spark_submit, .spark_home. Used without
+                       spark_standalone, it first stops the in-process session so that the
+                       cluster's cores are free for an app the test submits itself.
+  spark_manager        the session-wide SparkManager behind all of these
+"""
+import os
+import sys
+import threading
+import uuid
+
+# Before anything can start a JVM: loopback only, executors run this interpreter, and every
+# process started from here carries a marker the leak check looks for.
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["SPARK_DIST_TEST_SESSION"] = uuid.uuid4().hex  # fresh even in a nested pytest
+# cloudpickle pickles functions of test modules by reference ("test_x.f"): Python workers of every
+# set-up (they inherit the JVM's environment) must be able to import tests/*.py too.
+_tests_dir = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in [_tests_dir, os.environ.get("PYTHONPATH", "")] if p)
+
+import pytest  # noqa: E402
+import pytest_timeout  # noqa: E402
+from pyspark import SparkContext  # noqa: E402
+
+from clusters import (  # noqa: E402
+    LOCAL, LOCAL_CLUSTER, SESSION_MARKER, STANDALONE, SparkManager, describe,
+    stop_gateway, wait_for_no_leaks,
+)
+
+MARKER = os.environ[SESSION_MARKER]
+_manager = None
+
+
+def _group(item):
+    """Sort key: one switch per kind. Standalone tests using the session run before those that
+    only use the cluster (and stop the session), so the session starts once."""
+    names = item.fixturenames
+    if "spark_standalone" in names:
+        return 3
+    if "standalone_cluster" in names:
+        return 4
+    if "spark_local_cluster" in names:
+        return 2
+    if "spark_local" in names:
+        return 1
+    return 0
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=_group)  # stable: file order within a group
+
+
+@pytest.fixture(scope="session")
+def spark_manager(tmp_path_factory):
+    global _manager
+    _manager = SparkManager(str(tmp_path_factory.mktemp("spark")))
+    yield _manager
+    _shutdown()
+
+
+def _shutdown():
+    global _manager
+    manager, _manager = _manager, None
+    try:
+        if manager is not None:
+            manager.shutdown()
+    finally:
+        stop_gateway()  # also covers a SparkContext a test made by itself
+
+
+def _session(manager, kind):
+    spark = manager.get(kind)
+    yield spark
+    if manager.spark is spark and SparkContext._active_spark_context is spark.sparkContext:
+        spark.sparkContext.cancelAllJobs()  # a failed test may leave a job running
+
+
+@pytest.fixture
+def spark_local(spark_manager):
+    yield from _session(spark_manager, LOCAL)
+
+
+@pytest.fixture
+def spark_local_cluster(spark_manager):
+    yield from _session(spark_manager, LOCAL_CLUSTER)
+
+
+@pytest.fixture
+def standalone_cluster(spark_manager, request):
+    cluster = spark_manager.standalone()
+    if "spark_standalone" not in request.fixturenames and spark_manager.kind == STANDALONE:
+        spark_manager.stop()  # our app would hold every core of the cluster
+    return cluster
+
+
+@pytest.fixture
+def spark_standalone(spark_manager, standalone_cluster):
+    yield from _session(spark_manager, STANDALONE)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_processes():
+    """After every other session fixture is torn down: no Spark process of ours may remain."""
+    yield
+    _shutdown()
+    leaks = wait_for_no_leaks(MARKER)
+    if leaks:
+        msg = describe(leaks)
+        for p in leaks:  # all of them were started by this session (descendant or marker)
+            p.kill()
+        pytest.fail("LEAKED PROCESSES after stopping every Spark set-up (killed now):\n" + msg,
+                    pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Safety net for interrupted runs: fixtures are torn down by now; stop and check again."""
+    _shutdown()
+    leaks = wait_for_no_leaks(MARKER, timeout=15)
+    if leaks:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = "LEAKED PROCESSES at session end (killed now):\n" + describe(leaks)
+        if tr is not None:
+            tr.write_line(msg, red=True, bold=True)
+        else:
+            print(msg, file=sys.stderr)
+        for p in leaks:
+            p.kill()
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """A Spark-aware per-test timeout.
+
+    pytest-timeout's signal method cannot interrupt a test blocked in a py4j call (the process-wide
+    SIGALRM lands on any of PySpark's threads; interrupting the main thread mid-call would also leave
+    its py4j connection out of sync), and its thread method ends the whole run at once. Instead:
+    cancel every Spark job, so the test's blocked call raises and teardown runs normally; if the test
+    is stuck elsewhere, fall back to the thread method (stack dump, os._exit; the JVMs die with us).
+    """
+    finished = threading.Event()
+
+    def fire():
+        tw = item.config.get_terminal_writer()
+        tw.sep("+", f"Timeout >{settings.timeout}s: cancelling all Spark jobs")
+        pytest_timeout.dump_stacks(tw)
+        sc = SparkContext._active_spark_context
+        if sc is not None:
+            try:
+                sc.cancelAllJobs()  # from this thread: its own py4j connection
+            except Exception as e:
+                tw.line(f"cancelAllJobs failed: {e!r}")
+        if not finished.wait(60):
+            pytest_timeout.timeout_timer(item, settings)
+
+    timer = threading.Timer(settings.timeout, fire)
+    timer.daemon = True
+
+    def cancel():  # called by pytest-timeout when the test is over
+        finished.set()
+        timer.cancel()
+
+    item.cancel_timeout = cancel
+    timer.start()
+    return True
