@@ -5,15 +5,17 @@
     spark-dist submit-path
 
 Exit codes: 0 success; 1 a rank failed (its headline and traceback on stderr); 2 a usage or
-configuration error (bad flag, missing script, a :class:`~spark_dist.errors.ConfigError`); 124 the run
-exceeded ``--timeout``; 130 interrupted.
+configuration error (bad flag, missing script, a :class:`~spark_dist.errors.ConfigError`, a SparkSession
+that could not start), always before any Spark job; 124 the run exceeded ``--timeout``; 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
+
+from .errors import ConfigError, RunTimeoutError, TrainingFailedError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 124, 130
 
@@ -22,9 +24,16 @@ _EPILOG = """\
 exit codes:
   0    the run succeeded
   1    a rank failed; stderr names the first failed rank and host, with that rank's traceback
-  2    usage or configuration error (bad flag, missing script, a wrong setting), before any job
+  2    usage or configuration error (bad flag, missing script, a wrong setting, Spark could not
+       start), before any job
   124  the run exceeded --timeout
   130  interrupted (Ctrl-C)
+
+environment:
+  PYSPARK_PYTHON  the Python that executors run (needs spark_dist and torch); for a local master,
+                  default: this interpreter
+  SPARK_LOCAL_IP  the address Spark binds; 'spark-dist run' also advertises it as the driver's
+                  host (spark.driver.host) unless --conf sets one
 
 examples:
   spark-dist run --master local[2] --num-processes 2 train.py --epochs 3
@@ -96,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a script on the cluster", description=_DESCRIPTION,
                               epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_options(run)
+    run.set_defaults(under_spark_submit=False)
     commands.add_parser("submit-path", help="print the file to give spark-submit",
                         description="Print the path of the Python file that spark-submit runs: "
                                     "spark-submit [spark options] $(spark-dist submit-path) [run options] "
@@ -114,8 +124,6 @@ def read_properties(path: str) -> Dict[str, str]:
     Raises:
         ConfigError: the file is missing or a line has no value, naming the file and line.
     """
-    from .errors import ConfigError
-
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -136,13 +144,21 @@ def read_properties(path: str) -> Dict[str, str]:
 
 
 def session_conf(args: argparse.Namespace) -> Dict[str, str]:
-    """The Spark conf for the session: properties file, then --conf, then --master (later wins)."""
+    """The Spark conf for the session: properties file, then --conf, then --master (later wins).
+
+    Under spark-submit, only these explicit entries: defaults here would override spark-submit's own conf.
+
+    Raises:
+        ConfigError: the properties file cannot be read or parsed.
+    """
     conf: Dict[str, str] = {}
     if args.properties_file:
         conf.update(read_properties(args.properties_file))
     conf.update(dict(args.conf))
     if getattr(args, "master", None):
         conf["spark.master"] = args.master
+    if args.under_spark_submit:
+        return conf
     # Bind where the user asked the machine to bind (SPARK_LOCAL_IP); never assume loopback ourselves.
     local_ip = os.environ.get("SPARK_LOCAL_IP")
     if local_ip and "spark.driver.host" not in conf:
@@ -189,8 +205,6 @@ def make_distributor(args: argparse.Namespace, spark=None):
 
 def execute(args: argparse.Namespace, stderr=None) -> int:
     """Run the script as ``args`` say; return the exit code (never raises for a failed run)."""
-    from .errors import ConfigError, RunTimeoutError, TrainingFailedError
-
     stderr = stderr or sys.stderr
     if not os.path.isfile(args.script):
         print(f"spark-dist: error: script {args.script!r} not found (give the path of a .py file)", file=stderr)
@@ -199,7 +213,13 @@ def execute(args: argparse.Namespace, stderr=None) -> int:
     try:
         make_distributor(args)  # checks the arguments in a second, before a JVM starts
         if needs_session(args):
-            spark = get_session(args)
+            try:
+                spark = get_session(args)
+            except ConfigError:
+                raise
+            except Exception as exc:  # a bad master URL, no Java: spark-submit has printed why above
+                print(f"spark-dist: could not start a SparkSession: {exc}", file=stderr)
+                return EXIT_USAGE
         make_distributor(args, spark).run(os.path.abspath(args.script), *args.script_args)
         return EXIT_OK
     except ConfigError as exc:

@@ -2,9 +2,10 @@
 
     spark-submit [spark options] $(spark-dist submit-path) [spark-dist run options] train.py [args...]
 
-spark-submit owns the cluster settings (``--master``, ``--properties-file``, ``--conf`` before the path);
-this file takes the options of ``spark-dist run`` except ``--master``, joins the SparkSession that
-spark-submit's JVM provides, and exits with the codes of :mod:`spark_dist.cli`.
+spark-submit owns what the JVM needs at start (``--master``, ``--properties-file``, driver memory and
+options, before the path); this file takes the options of ``spark-dist run`` except ``--master``, joins
+the SparkSession of spark-submit's JVM (adding only the settings given after the path), and exits with
+the codes of :mod:`spark_dist.cli`, which spark-submit passes on as its own.
 """
 import os
 import sys
@@ -23,15 +24,22 @@ from spark_dist import cli  # noqa: E402
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spark-submit [spark options] $(spark-dist submit-path)",
-        description="Run a torchrun-style script on the cluster spark-submit connects to. Cluster settings "
-                    "(--master, --properties-file, --conf) go to spark-submit, before the submit path.",
+        description="Run a torchrun-style script on the cluster spark-submit connects to. Settings the JVM "
+                    "needs at start (--master, --properties-file, driver memory and options) go to "
+                    "spark-submit, before the submit path; --conf after it applies to the session.",
         epilog=cli._EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_run_options(parser, with_master=False)
+    # Taken only to say where it belongs: after the submit path it would silently fight spark-submit's.
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.set_defaults(under_spark_submit=True)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.master is not None:
+        parser.error("--master is spark-submit's option here: put it before the submit path")
     return cli.execute(args)
 
 

@@ -1,0 +1,277 @@
+"""The ``spark-dist`` command and the spark-submit entry, run as a user would: in a subprocess.
+
+Each command starts (and stops) its own SparkSession, so every call runs in its own process group with a
+timeout; the training scripts in tests/scripts/ are plain torchrun scripts.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import pytest
+
+from clusters import free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "tests", "scripts")
+TRAIN = os.path.join(SCRIPTS, "train_ddp.py")
+FAIL = os.path.join(SCRIPTS, "fail_on_rank.py")
+BIN = os.path.dirname(sys.executable)
+# Standalone executors start in a loaded test run slower than spark_dist's default 30 s slot wait.
+CLUSTER_CONF = ["--conf", "spark.dist.slotWaitTimeout=120s", "--conf", "spark.ui.enabled=false"]
+
+
+class Result(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def run_command(cmd, timeout=240, cwd=None, env=None) -> Result:
+    """Run cmd in its own process group; on timeout kill the group (its JVMs included) and fail."""
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} ran over {timeout} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+    finally:
+        try:  # nothing it started may outlive it (a rank process, a gateway JVM)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return Result(proc.returncode, out, err, time.monotonic() - started)
+
+
+def spark_dist(*args, timeout=240, cwd=None) -> Result:
+    return run_command([sys.executable, "-m", "spark_dist", *map(str, args)], timeout=timeout, cwd=cwd)
+
+
+def load_snapshot(path):
+    import torch
+
+    return torch.load(path, map_location="cpu")
+
+
+def assert_trained(snapshot, epochs, starts, world_size=2):
+    """The snapshot of train_ddp.py after `epochs` epochs over runs that started at `starts`."""
+    history = snapshot["history"]
+    assert snapshot["epoch"] == epochs
+    assert history["starts"] == starts
+    assert history["world_sizes"] == [world_size] * len(starts)
+    losses = history["losses"]
+    assert len(losses) == epochs
+    assert losses[-1] < losses[0] / 5  # it learned y = x @ w
+
+
+# ------------------------------------------------------------------------------------- usage (no Spark)
+def test_help_documents_every_option():
+    top = spark_dist("--help")
+    assert top.returncode == 0
+    assert "run" in top.stdout and "submit-path" in top.stdout and "exit codes" in top.stdout
+    run = spark_dist("run", "--help")
+    assert run.returncode == 0
+    for option in ("--master", "--num-processes", "--backend", "--local-mode", "--use-gpu", "--max-retries",
+                   "--timeout", "--conf", "--properties-file", "--run-id", "--checkpoint-dir", "script"):
+        assert option in run.stdout, option
+    for code in ("0", "1", "2", "124"):
+        assert f"\n  {code} " in run.stdout
+
+
+def test_console_script_runs_the_same_command():
+    result = run_command([os.path.join(BIN, "spark-dist"), "run", "--help"])
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: spark-dist run")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--num-processes", "two", TRAIN], "invalid int value: 'two'"),
+    (["run", "--bogus", TRAIN], "unrecognized arguments: --bogus"),
+    (["run", "--backend", "mpi", TRAIN], "invalid choice: 'mpi'"),
+    (["run", "--conf", "spark.executor.memory", TRAIN], "expected key=value"),
+    (["run", "--timeout", "-3", TRAIN], "must be > 0"),
+    (["run"], "the following arguments are required: script"),
+    (["launch", TRAIN], "invalid choice: 'launch'"),
+])
+def test_bad_usage_exits_2(args, message):
+    result = spark_dist(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_script_exits_2_without_starting_spark(tmp_path):
+    result = spark_dist("run", "--master", "local[2]", "-n", "2", tmp_path / "no_such.py", "--lr", "1")
+    assert result.returncode == 2
+    assert "no_such.py' not found" in result.stderr
+    assert "SparkContext" not in result.stderr and result.seconds < 30
+
+
+def test_bad_setting_exits_2_naming_it_before_starting_spark():
+    result = spark_dist("run", "--master", "local[2]", "--num-processes", "0", TRAIN, "--snapshot", "x")
+    assert result.returncode == 2
+    assert "configuration error: num_processes must be >= 1" in result.stderr
+    assert result.seconds < 30
+
+
+def test_options_after_the_script_belong_to_the_script(tmp_path):
+    # "--help" and "--master" after the script path are the script's: spark-dist does not take them.
+    result = spark_dist("run", tmp_path / "missing.py", "--help", "--master", "x")
+    assert result.returncode == 2
+    assert "missing.py' not found" in result.stderr
+
+
+def test_submit_path_names_the_file_spark_submit_runs():
+    result = spark_dist("submit-path")
+    assert result.returncode == 0
+    path = result.stdout.strip()
+    assert path == os.path.join(REPO, "spark_dist", "submit_entry.py")
+    assert os.path.isfile(path)
+
+
+# ------------------------------------------------------------------------------- local mode and torchrun
+def test_timeout_exits_124(tmp_path):
+    result = spark_dist("run", "--local-mode", "-n", "2", "--timeout", "3", os.path.join(SCRIPTS, "sleep_forever.py"))
+    assert result.returncode == 124
+    assert "timed out" in result.stderr and "timeout=3s" in result.stderr
+
+
+def test_torchrun_script_runs_unchanged_under_torchrun_and_spark_dist(tmp_path):
+    """The same file under real torchrun, then under spark-dist, which resumes torchrun's snapshot."""
+    snapshot = tmp_path / "snap.pt"
+    torchrun = run_command([os.path.join(BIN, "torchrun"), "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                            f"--master_port={free_port()}", TRAIN, "--snapshot", str(snapshot), "--epochs", "2"],
+                           cwd=tmp_path)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    assert "epoch 1 loss" in torchrun.stdout
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+
+    resumed = spark_dist("run", "--local-mode", "--num-processes", "2", TRAIN, "--snapshot", snapshot,
+                         "--epochs", "3", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from epoch 2 of {snapshot}" in resumed.stdout
+    assert "2 ranks (ddp, local processes) finished" in resumed.stdout
+    assert_trained(load_snapshot(snapshot), epochs=3, starts=[0, 2])
+
+
+# ------------------------------------------------------------------------------------------ local[2]
+def test_run_on_local_master_trains_then_resumes_from_its_snapshot(tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    first = spark_dist("run", "--master", "local[2]", "--num-processes", "2", TRAIN,
+                       "--snapshot", snapshot, "--epochs", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 ranks (ddp, Spark barrier tasks) finished" in first.stdout
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+
+    second = spark_dist("run", "--master", "local[2]", "--num-processes", "2", TRAIN,
+                        "--snapshot", snapshot, "--epochs", "4", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_trained(load_snapshot(snapshot), epochs=4, starts=[0, 2])
+
+
+def test_failing_rank_exits_1_with_that_ranks_traceback(tmp_path):
+    result = spark_dist("run", "--master", "local[2]", "--num-processes", "2", FAIL, "--rank", "1", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "training failed: rank 1 on host 127.0.0.1 raised ValueError: corrupt record in shard 1" in result.stderr
+    report = result.stderr[result.stderr.index("training failed:"):]
+    assert "Traceback on that rank:" in report
+    assert 'fail_on_rank.py", line 17, in load_batch' in report
+    assert "finished in" not in result.stdout
+
+
+def test_spark_conf_error_exits_2_naming_the_key(tmp_path):
+    result = spark_dist("run", "--master", "local[2]", "--conf", "spark.dynamicAllocation.enabled=true",
+                        "-n", "2", TRAIN, "--snapshot", tmp_path / "s.pt", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "configuration error:" in result.stderr
+    assert "spark.dynamicAllocation.enabled=false" in result.stderr
+    assert not (tmp_path / "s.pt").exists()
+
+
+# --------------------------------------------------------------------------------- standalone cluster
+def test_run_on_standalone_cluster(standalone_cluster, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    result = spark_dist("run", "--master", standalone_cluster.master_url, "--num-processes", "2", *CLUSTER_CONF,
+                        TRAIN, "--snapshot", snapshot, "--epochs", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 ranks (ddp, Spark barrier tasks) finished" in result.stdout
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+
+
+def spark_submit(cluster, spark_args, entry_args, cwd) -> Result:
+    """spark-submit [spark_args] $(spark-dist submit-path) [entry_args], as a user types it."""
+    path = spark_dist("submit-path").stdout.strip()
+    return run_command([cluster.spark_submit, "--master", cluster.master_url,
+                        "--conf", "spark.driver.host=127.0.0.1", *CLUSTER_CONF, *spark_args,
+                        path, *map(str, entry_args)], cwd=cwd)
+
+
+def test_spark_submit_on_standalone_cluster(standalone_cluster, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    result = spark_submit(standalone_cluster, ["--name", "submitted"],
+                          ["--num-processes", "2", TRAIN, "--snapshot", snapshot, "--epochs", "2"], tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "2 ranks (ddp, Spark barrier tasks) finished" in result.stdout
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+
+
+def test_spark_submit_passes_on_the_failure_exit_code(standalone_cluster, tmp_path):
+    result = spark_submit(standalone_cluster, [], ["--num-processes", "2", FAIL, "--rank", "0"], tmp_path)
+    assert result.returncode == 1
+    # spark-submit merges the Python driver's stderr into its own stdout.
+    output = result.stdout + result.stderr
+    assert "training failed: rank 0 on host 127.0.0.1 raised ValueError: corrupt record in shard 0" in output
+    assert 'in load_batch' in output
+
+
+def test_spark_submit_entry_leaves_master_to_spark_submit(standalone_cluster, tmp_path):
+    result = spark_submit(standalone_cluster, [], ["--master", "local[2]", TRAIN], tmp_path)
+    assert result.returncode == 2
+    assert "--master is spark-submit's option here" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------ session settings (in-process)
+def parse_run(*argv):
+    from spark_dist.cli import build_parser
+
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monkeypatch):
+    from spark_dist.cli import session_conf
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    props = tmp_path / "p.conf"
+    props.write_text("spark.master local[4]\nspark.executor.memory 2g\nspark.sql.shuffle.partitions 8\n")
+    args = parse_run("--properties-file", str(props), "--conf", "spark.executor.memory=3g",
+                     "--master", "local[2]", TRAIN, "--master", "ignored")
+    assert session_conf(args) == {"spark.master": "local[2]", "spark.executor.memory": "3g",
+                                  "spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
+    assert args.script_args == ["--master", "ignored"]
+
+
+def test_driver_host_follows_spark_local_ip_only_when_set(monkeypatch):
+    from spark_dist.cli import session_conf
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert "spark.driver.host" not in session_conf(parse_run(TRAIN))  # Spark picks the address itself
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
+    assert session_conf(parse_run(TRAIN))["spark.driver.host"] == "10.1.2.3"
+    explicit = parse_run("--conf", "spark.driver.host=node7", TRAIN)
+    assert session_conf(explicit)["spark.driver.host"] == "node7"
+
+
+def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):
+    """spark-submit's own --conf (driver host, progress bar) must not be overridden by defaults."""
+    from spark_dist import submit_entry
+    from spark_dist.cli import session_conf
+
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    args = submit_entry.build_parser().parse_args(["--conf", "spark.executor.memory=3g", TRAIN])
+    assert session_conf(args) == {"spark.executor.memory": "3g"}
