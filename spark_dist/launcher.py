@@ -412,5 +412,8 @@ def _lost_task_failure(exc: BaseException, host: str, ranks) -> RankFailure:
     lost = re.search(r"(Python worker exited unexpectedly[^\n]*|ExecutorLostFailure[^\n]*)", text)
     if lost and not python_errors:
         reason = lost.group(1)
+    if "No module named 'spark_dist'" in reason or "No module named 'torch'" in reason:
+        reason += (" (the executors' Python lacks spark_dist's packages: set PYSPARK_PYTHON or "
+                   "spark.executorEnv.PYSPARK_PYTHON to a Python that has spark_dist installed)")
     return RankFailure(rank, host, "lost", f"its Spark task failed: {reason[:500]}",
                        exc_type=type(exc).__name__, traceback=text[-4000:], time=time.time())
