@@ -34,7 +34,7 @@ def train(epochs: int, lr: float, batch_size: int):
             count += len(batch["label"])
         dist.all_reduce(total)
         dist.all_reduce(count)
-        if epoch % 5 == 4 or epoch == epochs - 1:
+        if ctx.rank == 0 and (epoch % 5 == 4 or epoch == epochs - 1):
             ctx.report(epoch=epoch, train_loss=float(total / count))
     dist.destroy_process_group()
     return {k: v.cpu() for k, v in model.module.state_dict().items()}
