@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 from .backends import get_backend
 from .config import RunConfig
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
-from .rendezvous import SignedStore, TaskInfo, assign_ranks, host_store
+from .rendezvous import SignedStore, TaskInfo, assign_ranks, bind_listener, host_store
 from .backends.base import torchrun_env
 from .worker import Assignment, Job, LaunchSpec, run_barrier_partition, serve_rank, spawn_child
 
@@ -256,14 +256,18 @@ class _Attempt:
         self.spark = spark
         self.deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
         self.group = f"spark_dist-{config.run_id}-{attempt}"
-        self._store_server, port = host_store(config.driver_host, config.rendezvous_timeout)
+        # Only the port now: the store itself starts once the job is submitted, so the driver's first
+        # `import torch` overlaps the tasks' launch instead of delaying it.
+        self._listener = bind_listener(config.driver_host)
+        port = self._listener.getsockname()[1]
         self.spec = LaunchSpec(
             run_id=config.run_id, attempt=attempt, num_tasks=config.num_processes,
             store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
         )
-        self.store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
+        self._store_server = None
+        self.store: Optional[SignedStore] = None
         self.records: List[tuple] = []
         self.job_error: List[BaseException] = []
         self.done = threading.Event()
@@ -273,6 +277,16 @@ class _Attempt:
     def run(self) -> _Outcome:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
         thread.start()
+        try:
+            self._store_server, _ = host_store(self.config.driver_host, self.config.rendezvous_timeout,
+                                               self._listener)
+        except BaseException:
+            self._listener.close()
+            if not self.config.local_mode:
+                self.spark.sparkContext.cancelJobGroup(self.group)
+            thread.join()
+            raise
+        self.store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
         timed_out = False
         try:
             timed_out = self._watch()

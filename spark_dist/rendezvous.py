@@ -152,15 +152,17 @@ class SignedStore:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout:.0f}s for {name!r} in the run's store")
             time.sleep(poll)
-            poll = min(poll * 1.5, 0.05)
+            poll = min(poll * 1.5, 0.01)  # the assignment follows the last task within ms
 
 
-def host_store(host: str, timeout: float):
-    """Start a TCPStore server on ``host``; returns ``(store, port)``. The store owns the listening
-    socket from here on: dropping the last reference to it closes the port."""
+def host_store(host: str, timeout: float, listener: Optional[socket.socket] = None):
+    """Start a TCPStore server on ``host`` (on ``listener`` if given: a socket from :func:`bind_listener`,
+    so the port can be handed out before torch is even imported); returns ``(store, port)``. The store owns
+    the listening socket from here on: dropping the last reference to it closes the port. Clients that
+    connect before the server runs wait in the listen backlog."""
     from torch.distributed import TCPStore
 
-    listener = bind_listener(host)
+    listener = listener or bind_listener(host)
     port = listener.getsockname()[1]
     store = TCPStore(
         host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
