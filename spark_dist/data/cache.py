@@ -1,0 +1,379 @@
+"""The driver side: check each DataFrame, materialise it once through Petastorm's converter, clean up after.
+
+Where the cache lives: ``petastorm.spark.converter.parentCacheDirUrl`` (the key Petastorm reads) when set,
+else a fresh directory under ``spark.local.dir`` or the system temp dir, as a ``file://`` URL.
+Executors write the cache and ranks read it, so it must be a filesystem all of them see. A ``file://`` cache
+works with ``local[N]``, ``local-cluster`` and a standalone cluster whose workers all run on the driver's
+machine; when an executor runs on another host, :func:`prepare_datasets` refuses it before any job.
+"""
+import atexit
+import functools
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Iterable, List, Optional
+from urllib.parse import urlparse
+
+from .handle import ARRAY, SCALAR, VECTOR, DatasetError, DatasetHandle, describe_files
+
+logger = logging.getLogger(__name__)
+
+CACHE_DIR_CONF = "petastorm.spark.converter.parentCacheDirUrl"
+
+
+@dataclass
+class _Entry:
+    app_id: str
+    parent_url: str
+    plan: Any             # the analyzed JVM plan of the user's DataFrame: sameResult() finds it again
+    converter: Any        # petastorm SparkDatasetConverter
+    handle: DatasetHandle
+    owned: bool           # False when Petastorm handed back a cache the user made: never delete that
+
+
+_lock = threading.RLock()
+_entries: List[_Entry] = []
+_default_parent: Optional[str] = None   # the directory this process created when the conf was not set
+_owner_pid = os.getpid()                # forked children inherit this module's state, not its caches
+_atexit_registered = False
+
+
+# -- schema (no Spark job) ----------------------------------------------------------------------------------
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def column_kinds(name: str, df) -> Dict[str, str]:
+    """``{column: "scalar" | "array" | "vector"}`` from the schema alone.
+
+    Raises:
+        DatasetError: a column of another type (string, struct, map, decimal, nested array, ...), duplicate
+            column names, or no columns.
+    """
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.mllib.linalg import VectorUDT as OldVectorUDT
+    from pyspark.sql import types as T
+
+    numbers = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.BooleanType)
+    kinds: Dict[str, str] = {}
+    for field in df.schema.fields:
+        t = field.dataType
+        if field.name in kinds:
+            raise DatasetError(f"dataset {name!r}: column name {field.name!r} appears twice; rename one")
+        if isinstance(t, (VectorUDT, OldVectorUDT)):
+            kinds[field.name] = VECTOR
+        elif isinstance(t, numbers):
+            kinds[field.name] = SCALAR
+        elif isinstance(t, T.ArrayType) and isinstance(t.elementType, numbers):
+            kinds[field.name] = ARRAY
+        else:
+            hint = ("cast it to double: F.col(...).cast('double')"
+                    if isinstance(t, T.DecimalType) or (isinstance(t, T.ArrayType)
+                                                        and isinstance(t.elementType, T.DecimalType))
+                    else f"drop it (df.drop({field.name!r})) or turn it into numbers first "
+                         "(e.g. StringIndexer, VectorAssembler)")
+            raise DatasetError(
+                f"dataset {name!r}: column {field.name!r} has type {t.simpleString()}, which the loader cannot "
+                "turn into a tensor (supported: numeric scalars, arrays of numbers, pyspark.ml.linalg vectors); "
+                + hint)
+    if not kinds:
+        raise DatasetError(f"dataset {name!r}: the DataFrame has no columns")
+    return kinds
+
+
+# -- where the cache goes -----------------------------------------------------------------------------------
+def _parent_url(spark) -> str:
+    global _default_parent
+    url = spark.conf.get(CACHE_DIR_CONF, None)
+    if url:
+        if not urlparse(url).scheme:
+            raise DatasetError(f"{CACHE_DIR_CONF}={url!r} has no scheme; write it as a URL, e.g. "
+                               f"'file://{url}' or 'hdfs://...'")
+        return url.rstrip("/")
+    with _lock:
+        if _default_parent is None or not os.path.isdir(_default_parent):
+            local_dirs = (spark.sparkContext.getConf().get("spark.local.dir") or "").split(",")
+            base = next((d for d in local_dirs if d and os.path.isdir(d)), tempfile.gettempdir())
+            _default_parent = tempfile.mkdtemp(prefix=f"spark_dist-cache-{os.getpid()}-", dir=base)
+        return "file://" + _default_parent
+
+
+def remote_hosts(driver_host: str, executor_hosts: Iterable[str]) -> List[str]:
+    """The executor hosts that are not the driver's machine (loopback and the machine's own names count
+    as the driver's). A pure function, so the multi-host rule is testable on one machine."""
+    own = {driver_host, "localhost", socket.gethostname()}
+    own_ips: set = set()
+
+    def ips(host: str) -> set:
+        try:
+            return {ipaddress.ip_address(host).compressed}
+        except ValueError:
+            try:
+                return {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+            except OSError:
+                return set()
+
+    def is_own(host: str) -> bool:
+        if host in own:
+            return True
+        addrs = ips(host)
+        if addrs and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+            return True
+        if not own_ips:  # resolved only when a name is not obviously ours: lookups can be slow
+            for h in own:
+                own_ips.update(ips(h))
+        return bool(addrs) and addrs <= own_ips
+
+    return sorted({h for h in executor_hosts if not is_own(h)})
+
+
+def _check_reachable(spark, parent_url: str) -> None:
+    sc = spark.sparkContext
+    master = sc.master
+    if master == "local" or master.startswith("local[") or urlparse(parent_url).scheme != "file":
+        return
+    driver_host = sc.getConf().get("spark.driver.host") or socket.gethostname()
+    hosts = [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
+    far = remote_hosts(driver_host, hosts)
+    if far:
+        raise DatasetError(
+            f"the dataset cache {parent_url} is on the driver's local disk, but executors run on other hosts "
+            f"({', '.join(far)}) and could neither write it nor read it; set {CACHE_DIR_CONF} to a filesystem "
+            "every executor sees (hdfs://..., s3a://..., or file:/dbfs/... or an NFS mount present on all hosts)")
+    if len(hosts) <= 1:
+        logger.warning("spark_dist: no executor has registered yet, so cannot check that they all see the "
+                       "dataset cache %s; on a multi-host cluster set %s to a shared filesystem",
+                       parent_url, CACHE_DIR_CONF)
+
+
+@contextmanager
+def _petastorm_conf(spark, url: str):
+    """Petastorm reads the cache dir from the session's conf only: set it for the call, then put back what
+    the user had (it reads the session ``SparkSession.builder.getOrCreate()`` returns, so set that too)."""
+    from pyspark.sql import SparkSession
+
+    sessions = [spark]
+    active = SparkSession.builder.getOrCreate()
+    if active is not spark:
+        sessions.append(active)
+    saved = [(s, s.conf.get(CACHE_DIR_CONF, None)) for s in sessions]
+    for s in sessions:
+        s.conf.set(CACHE_DIR_CONF, url)
+    try:
+        yield
+    finally:
+        for s, old in saved:
+            if old is None:
+                s.conf.unset(CACHE_DIR_CONF)
+            else:
+                s.conf.set(CACHE_DIR_CONF, old)
+
+
+# -- materialise and check the values (Spark jobs) ----------------------------------------------------------
+def _materialise(spark, df, kinds: Dict[str, str], parent_url: str):
+    """Returns ``(converter, owned)``: ``owned`` is False when Petastorm returned a cache made before."""
+    from petastorm.spark import make_spark_converter
+    from petastorm.spark import spark_dataset_converter as psc
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    for column, kind in kinds.items():
+        if kind == VECTOR:  # dense float32 arrays in the cache: sparse vectors would not reshape per batch
+            df = df.withColumn(column, vector_to_array(F.col(_quoted(column)), "float32"))
+    with psc._cache_df_meta_list_lock:
+        before = {m.cache_dir_url for m in psc._cache_df_meta_list}
+    quiet = _QuietPetastorm()
+    psc.logger.addFilter(quiet)
+    try:
+        with _petastorm_conf(spark, parent_url):
+            # dtype float32: doubles (and vectors) are stored as float32, what the loader yields by default.
+            converter = make_spark_converter(df, dtype="float32")
+    finally:
+        psc.logger.removeFilter(quiet)
+    logger.info("spark_dist: materialised %d rows in %d files at %s", len(converter), len(converter.file_urls),
+                converter.cache_dir_url)
+    return converter, converter.cache_dir_url not in before
+
+
+class _QuietPetastorm(logging.Filter):
+    """Petastorm warns on every call that it converts doubles to float32 (documented here) and that files
+    under 50 MB are small (its reader's concern: ours splits by row, whatever the file sizes)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("Converting floating-point") or msg.startswith("The median size"))
+
+
+def _check_values(spark, name: str, df_schema, converter, kinds: Dict[str, str],
+                  num_ranks: int) -> Dict[str, Optional[int]]:
+    """Row count, nulls and array lengths, in one aggregation over the cache (not the source, which may be
+    costly to evaluate twice). Returns ``{column: length}`` for array and vector columns."""
+    from pyspark.sql import functions as F
+
+    rows = len(converter)
+    if rows == 0:
+        raise DatasetError(f"dataset {name!r}: the DataFrame is empty; check the filter or source that made it")
+    if rows < num_ranks:
+        raise DatasetError(f"dataset {name!r} has {rows} rows, fewer than the {num_ranks} ranks: every rank "
+                           "needs at least one row; use fewer processes or more data")
+    nullable = {f.name: f.nullable for f in df_schema.fields}
+    aggs, cdf = [], spark.read.parquet(converter.cache_dir_url)
+    for i, (column, kind) in enumerate(kinds.items()):
+        col = F.col(_quoted(column))
+        if nullable[column] or kind == VECTOR:
+            aggs.append(F.sum(col.isNull().cast("long")).alias(f"null{i}"))
+        if kind != SCALAR:
+            size = F.when(col.isNotNull(), F.size(col))
+            aggs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}"),
+                     F.sum(F.exists(col, lambda x: x.isNull()).cast("long")).alias(f"inner{i}")]
+    stats = cdf.agg(*aggs).first().asDict() if aggs else {}
+    lengths: Dict[str, Optional[int]] = {}
+    for i, (column, kind) in enumerate(kinds.items()):
+        where = f"dataset {name!r}: column {column!r}"
+        if stats.get(f"null{i}"):
+            raise DatasetError(f"{where} has {stats[f'null{i}']} null values; drop or fill them first, "
+                               f"e.g. df.na.drop(subset=[{column!r}])")
+        if kind == SCALAR:
+            continue
+        if stats.get(f"inner{i}"):
+            raise DatasetError(f"{where} has {stats[f'inner{i}']} arrays holding null elements; "
+                               "fill them first (e.g. F.transform(col, lambda x: F.coalesce(x, F.lit(0.0))))")
+        lo, hi = stats[f"min{i}"], stats[f"max{i}"]
+        if lo != hi:
+            raise DatasetError(f"{where} holds {kind}s of unequal length (from {lo} to {hi}); a batch needs one "
+                               "length per column: pad or truncate them first (e.g. F.slice)")
+        if lo == 0:
+            raise DatasetError(f"{where} holds only empty {kind}s")
+        lengths[column] = int(lo)
+    return lengths
+
+
+def _delete(entry: _Entry) -> None:
+    if not entry.owned:
+        return
+    try:
+        entry.converter.delete()  # also drops it from Petastorm's own list, so Petastorm will not reuse it
+    except Exception as exc:  # noqa: BLE001 -- cleanup is best effort; say what is left behind
+        logger.warning("spark_dist: could not delete the dataset cache %s: %r", entry.converter.cache_dir_url, exc)
+
+
+# -- the public functions ------------------------------------------------------------------------------------
+def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, DatasetHandle]:
+    """Materialise each DataFrame once through Petastorm's Spark converter and describe it for the ranks.
+
+    All schemas are checked before any Spark job. A DataFrame passed again (the same plan, as Spark's
+    ``sameResult`` judges) reuses its cache without a job. Vector columns are stored as float32 arrays and
+    doubles as float32. The caches are deleted by :func:`clear_cache`, when the SparkContext stops, or
+    when this process exits.
+
+    The cache goes under ``petastorm.spark.converter.parentCacheDirUrl`` when set, else under a new
+    directory in ``spark.local.dir`` or the temp dir (``file://``). A ``file://`` cache works wherever all
+    executors run on the driver's machine (``local[N]``, ``local-cluster``, a one-machine standalone
+    cluster); with executors on other hosts it is refused, because they could not see each other's files.
+
+    Raises:
+        DatasetError: a column of an unsupported type (string, struct, map, decimal, ...), an empty
+            DataFrame, fewer rows than ``num_ranks``, nulls in a column, arrays or vectors of unequal length
+            or empty, a cache dir URL without a scheme, or a ``file://`` cache while executors run on other
+            hosts. Each message names the dataset and the column or conf key.
+        TypeError: ``datasets`` is not a dict of name -> DataFrame.
+        ValueError: ``num_ranks`` < 1.
+    """
+    from pyspark.sql import DataFrame
+
+    if not isinstance(datasets, dict):
+        raise TypeError(f"datasets= must be a dict of name -> DataFrame, got {type(datasets).__name__}")
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks={num_ranks}: need at least 1")
+    kinds = {}
+    for name, df in datasets.items():
+        if not isinstance(df, DataFrame):
+            raise TypeError(f"datasets[{name!r}] must be a pyspark.sql.DataFrame, got {type(df).__name__}")
+        kinds[name] = column_kinds(name, df)
+    parent_url = _parent_url(spark)
+    _check_reachable(spark, parent_url)
+    _register_cleanup(spark.sparkContext)
+    app_id = spark.sparkContext.applicationId
+    handles = {}
+    for name, df in datasets.items():
+        plan = df._jdf.queryExecution().analyzed()
+        with _lock:
+            hit = next((e for e in _entries if e.app_id == app_id and e.parent_url == parent_url
+                        and e.plan.sameResult(plan)), None)
+        if hit is not None:
+            if hit.handle.num_rows < num_ranks:
+                raise DatasetError(f"dataset {name!r} has {hit.handle.num_rows} rows, fewer than the "
+                                   f"{num_ranks} ranks: use fewer processes or more data")
+            handles[name] = replace(hit.handle, name=name)
+            continue
+        converter, owned = _materialise(spark, df, kinds[name], parent_url)
+        entry = _Entry(app_id, parent_url, plan, converter, None, owned)  # type: ignore[arg-type]
+        try:
+            lengths = _check_values(spark, name, df.schema, converter, kinds[name], num_ranks)
+            entry.handle = describe_files(name, converter.cache_dir_url, converter.file_urls, kinds[name], lengths)
+        except BaseException:
+            _delete(entry)
+            raise
+        with _lock:
+            _entries.append(entry)
+        handles[name] = entry.handle
+    return handles
+
+
+def clear_cache(spark=None) -> int:
+    """Delete the dataset caches this process made (all of them, or only ``spark``'s application's).
+
+    Caches the user made (their own conf's parent dir, a Petastorm cache made before) are never touched.
+    Also runs when the SparkContext stops and when the interpreter exits. Returns how many were deleted;
+    never raises for a cache that cannot be deleted (it logs a warning naming it).
+    """
+    global _default_parent
+    app_id = spark.sparkContext.applicationId if spark is not None else None
+    if os.getpid() != _owner_pid:
+        return 0
+    with _lock:
+        gone = [e for e in _entries if app_id is None or e.app_id == app_id]
+        _entries[:] = [e for e in _entries if e not in gone]
+        left = bool(_entries)
+    for entry in gone:
+        _delete(entry)
+    with _lock:
+        if not left and _default_parent is not None:
+            shutil.rmtree(_default_parent, ignore_errors=True)  # made by mkdtemp in this process: ours
+            _default_parent = None
+    return sum(e.owned for e in gone)
+
+
+def _stop_after_clearing(original_stop, app_id: str) -> None:
+    try:
+        with _lock:
+            gone = [e for e in _entries if e.app_id == app_id]
+            _entries[:] = [e for e in _entries if e.app_id != app_id]
+        for entry in gone:
+            _delete(entry)
+    finally:
+        original_stop()
+
+
+def _register_cleanup(sc) -> None:
+    """Delete the caches when the SparkContext stops and at interpreter exit, so they never pile up.
+
+    PySpark has no stop hook, so the context's ``stop`` is wrapped (once) on this instance only.
+    """
+    global _atexit_registered
+    with _lock:
+        if not _atexit_registered:
+            atexit.register(clear_cache)
+            _atexit_registered = True
+        if not getattr(sc, "_spark_dist_clears_cache", False):
+            sc.stop = functools.partial(_stop_after_clearing, sc.stop, sc.applicationId)
+            sc._spark_dist_clears_cache = True
+
+
+__all__ = ["CACHE_DIR_CONF", "prepare_datasets", "clear_cache", "column_kinds", "remote_hosts"]

@@ -1,0 +1,111 @@
+"""What travels from the driver to each rank: a picklable description of one cached dataset.
+
+No Spark here: ranks import this module inside their task processes, where only files are at hand.
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+from urllib.parse import unquote, urlparse
+
+SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be used for training; the message names the dataset, the column and what to change."""
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """One column of a cached dataset.
+
+    ``kind`` is ``"scalar"``, ``"array"`` or ``"vector"`` (an ML vector, stored densely as an array);
+    ``length`` is the number of values per row of an array or vector column (``None`` for scalars);
+    ``dtype`` is the numpy dtype of the values in the cache (``"float32"``, ``"int64"``, ...).
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    length: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class DatasetHandle:
+    """A dataset materialised once by :func:`prepare_datasets`, as each rank needs it.
+
+    ``file_urls`` are the Parquet files of the Petastorm cache in a fixed (sorted) order and
+    ``row_group_rows[i]`` the row counts of the row groups of ``file_urls[i]``: with them a rank computes its
+    exact share of rows without asking anyone.
+    """
+
+    name: str
+    cache_dir_url: str
+    file_urls: Tuple[str, ...]
+    row_group_rows: Tuple[Tuple[int, ...], ...]
+    num_rows: int
+    columns: Tuple[ColumnInfo, ...]
+
+    @property
+    def column_names(self) -> Tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> ColumnInfo:
+        """The column called ``name``.
+
+        Raises:
+            DatasetError: no such column (the message lists the dataset's columns).
+        """
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise DatasetError(f"dataset {self.name!r} has no column {name!r}; "
+                           f"its columns are: {', '.join(self.column_names)}")
+
+
+def local_path(url: str) -> Optional[str]:
+    """The local path of a ``file:`` URL (or of a plain path); ``None`` for other filesystems."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        return unquote(parsed.path) if parsed.scheme else url
+    return None
+
+
+def open_parquet(url: str):
+    """A ``pyarrow.parquet.ParquetFile`` for ``url``: memory-mapped when local, through pyarrow.fs otherwise."""
+    import pyarrow.parquet as pq
+
+    path = local_path(url)
+    if path is not None:
+        # Memory mapping skips a copy of every page into Python-owned buffers; the cache files are immutable.
+        return pq.ParquetFile(path, memory_map=True)
+    from pyarrow import fs as pafs
+
+    filesystem, fs_path = pafs.FileSystem.from_uri(url)
+    return pq.ParquetFile(filesystem.open_input_file(fs_path))
+
+
+def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
+                   kinds: Dict[str, str], lengths: Dict[str, Optional[int]]) -> DatasetHandle:
+    """Build the handle of Parquet files from their footers (row groups, value types).
+
+    ``kinds`` and ``lengths`` come from the driver's schema check and aggregation; the value dtypes are read
+    from the files themselves, because the Petastorm converter may have narrowed them (double -> float).
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    urls = tuple(sorted(file_urls))  # Spark lists them in no fixed order; every rank must agree on one
+    row_groups, dtypes, total = [], {}, 0
+    for url in urls:
+        pf = open_parquet(url)
+        md = pf.metadata
+        row_groups.append(tuple(md.row_group(i).num_rows for i in range(md.num_row_groups)))
+        total += md.num_rows
+        if not dtypes:
+            for field in pf.schema_arrow:
+                t = field.type
+                while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+                    t = t.value_type
+                dtypes[field.name] = np.dtype(t.to_pandas_dtype()).name
+    columns = tuple(ColumnInfo(c, kinds[c], dtypes[c], lengths.get(c)) for c in kinds)
+    return DatasetHandle(name=name, cache_dir_url=cache_dir_url, file_urls=urls,
+                         row_group_rows=tuple(row_groups), num_rows=total, columns=columns)

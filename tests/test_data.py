@@ -1,0 +1,328 @@
+"""spark_dist.data: DataFrames -> Petastorm cache (driver) -> equal shards of torch batches (ranks).
+
+Each test reads as an example: prepare_datasets on the driver, make_loader once per rank.
+"""
+import os
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from spark_dist.data import (CACHE_DIR_CONF, DatasetError, DatasetHandle, clear_cache, make_loader,
+                             prepare_datasets)
+from spark_dist.data.handle import describe_files, local_path
+from spark_dist.data.loader import shard_pieces
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.ml.linalg import Vectors  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+
+_frames = {}
+
+
+def same_frame(spark, key, build):
+    """The same DataFrame object for the whole session, so prepare_datasets finds its cache (no Spark job)
+    and the dataset fixtures below can stay function-scoped, whatever the scope of spark_local."""
+    key = (spark.sparkContext.applicationId, key)
+    if key not in _frames:
+        _frames[key] = build(spark)
+    return _frames[key]
+
+
+def rank_batches(handle, world_size, **kwargs):
+    """What each rank would iterate: a list of batches per rank."""
+    kwargs.setdefault("batch_size", 16)
+    return [list(make_loader(handle, rank=r, world_size=world_size, **kwargs)) for r in range(world_size)]
+
+
+def ids_of(batches):
+    return [i for b in batches for i in b["id"].tolist()]
+
+
+# -- layouts: whatever the files look like, every rank gets the same number of batches -------------------------
+LAYOUTS = {
+    # 900 / 50 / 50 rows in three files: Petastorm's row-group round robin would give ranks 900 / 50 / 50.
+    "skewed files": lambda s: s.range(0, 900, numPartitions=1).union(s.range(900, 1000, numPartitions=2)),
+    "one file": lambda s: s.range(0, 1000, numPartitions=1),
+    "fewer files than ranks": lambda s: s.range(0, 1000, numPartitions=2),
+    "many small files": lambda s: s.range(0, 1000, numPartitions=7),
+}
+
+
+@pytest.fixture
+def layouts(spark_local):
+    dfs = {name: same_frame(spark_local, name, lambda s: make(s).select("id", (F.col("id") % 3).alias("label")))
+           for name, make in LAYOUTS.items()}
+    return prepare_datasets(spark_local, dfs, num_ranks=3)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_rank_yields_the_same_batches_and_no_row_twice(layouts, layout):
+    handle = layouts[layout]
+    per_rank = rank_batches(handle, 3, batch_size=32, epoch=0)
+
+    counts = [len(b) for b in per_rank]
+    assert counts == [len(make_loader(handle, rank=0, world_size=3, batch_size=32))] * 3 == [10] * 3
+    assert all(len(b["id"]) == 32 for batches in per_rank for b in batches)   # drop_last: full batches only
+    seen = [ids_of(batches) for batches in per_rank]
+    everything = [i for s in seen for i in s]
+    assert len(everything) == len(set(everything)) == 960     # 1000 // 3 = 333 rows a rank, 10 full batches
+
+
+def test_petastorm_uneven_row_groups_are_split_exactly(tmp_path):
+    # Petastorm shards 10 row groups of 100 rows round robin over 3 shards: 400 / 300 / 300 rows, and DDP hangs.
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": np.arange(1000)}), path, row_group_size=100)
+    handle = describe_files("ten_groups", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar"}, {})
+    assert handle.row_group_rows == ((100,) * 10,)
+
+    for r in range(3):
+        pieces, rows = shard_pieces([100] * 10, world_size=3, rank=r, epoch=0, seed=0, shuffle=True,
+                                    drop_last=True)
+        assert rows == sum(stop - start for _, start, stop in pieces) == 333
+    per_rank = rank_batches(handle, 3, batch_size=50)
+    assert [len(b) for b in per_rank] == [6, 6, 6]
+    everything = [i for batches in per_rank for i in ids_of(batches)]
+    assert len(everything) == len(set(everything)) == 900
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, shuffle, drop_last):
+    # Real caches have row groups of ~32 MiB; shrink the loader's units so that 2,000 rows cross them all:
+    # blocks of 8 rows, decoded chunks of 24, shuffle windows of ~100 rows, row groups of 70 / 130 rows.
+    from spark_dist.data import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "_BLOCK_ROWS", 8)
+    monkeypatch.setattr(loader_module, "_READ_CHUNK_ROWS", 24)
+    monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 100 * (8 + 3 * 4))
+    ids = np.arange(2000)
+    vec = pa.ListArray.from_arrays(np.arange(0, 3 * 2000 + 1, 3, dtype=np.int32),
+                                   pa.array(np.repeat(ids, 3).astype(np.float32)))
+    urls = []
+    for f, (lo, hi, group) in enumerate([(0, 700, 70), (700, 2000, 130)]):
+        path = tmp_path / f"part-{f}.parquet"
+        pq.write_table(pa.table({"id": ids[lo:hi], "vec": vec[lo:hi]}), path, row_group_size=group)
+        urls.append(f"file://{path}")
+    handle = describe_files("small", f"file://{tmp_path}", urls, {"id": "scalar", "vec": "vector"}, {"vec": 3})
+
+    per_rank = rank_batches(handle, 3, batch_size=32, shuffle=shuffle, drop_last=drop_last, seed=3, epoch=2)
+    assert len({len(b) for b in per_rank}) == 1 and len(per_rank[0]) == (20 if drop_last else 21)
+    for batches in per_rank:
+        for b in batches:
+            assert torch.equal(b["vec"], b["id"].float()[:, None].expand(-1, 3))   # rows stay whole
+    seen = [i for batches in per_rank for i in ids_of(batches)]
+    if drop_last:
+        assert len(seen) == len(set(seen)) == 1920
+    else:
+        assert set(seen) == set(range(2000)) and len(seen) == 2001
+    if not shuffle:
+        assert ids_of(per_rank[0])[:100] == list(range(100))
+    assert per_rank[1][3]["id"].tolist() == rank_batches(
+        handle, 3, batch_size=32, shuffle=shuffle, drop_last=drop_last, seed=3, epoch=2)[1][3]["id"].tolist()
+
+
+def test_a_read_error_reaches_the_training_loop(tmp_path):
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": np.arange(100)}), path)
+    handle = describe_files("gone", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar"}, {})
+    loader = make_loader(handle, rank=0, world_size=1, batch_size=10)
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        list(loader)
+
+
+def test_drop_last_false_pads_so_every_row_is_seen(layouts):
+    handle = layouts["skewed files"]
+    per_rank = rank_batches(handle, 3, batch_size=32, drop_last=False)
+
+    # ceil(1000 / 3) = 334 rows a rank: 10 full batches and one of 14, on every rank.
+    assert [[len(b["id"]) for b in batches][-2:] for batches in per_rank] == [[32, 14]] * 3
+    everything = [i for batches in per_rank for i in ids_of(batches)]
+    assert set(everything) == set(range(1000)) and len(everything) == 1002   # 2 rows repeated as padding
+
+
+def test_order_changes_each_epoch_and_replays_exactly(layouts):
+    handle = layouts["many small files"]
+    epoch0 = [ids_of(b) for b in rank_batches(handle, 3, epoch=0, seed=7)]
+    epoch1 = [ids_of(b) for b in rank_batches(handle, 3, epoch=1, seed=7)]
+    retry1 = [ids_of(b) for b in rank_batches(handle, 3, epoch=1, seed=7)]
+    other_seed = [ids_of(b) for b in rank_batches(handle, 3, epoch=1, seed=8)]
+
+    assert epoch1 == retry1                          # a retry replays the epoch exactly
+    assert epoch0 != epoch1 and epoch1 != other_seed
+    assert set(epoch0[0]) != set(epoch1[0])           # ranks see different rows from epoch to epoch
+
+    loader = make_loader(handle, rank=1, world_size=3, batch_size=16, seed=7)
+    loader.set_epoch(1)
+    assert ids_of(loader) == epoch1[1]
+
+
+def test_shuffle_false_reads_in_file_order(layouts):
+    handle = layouts["one file"]
+    assert ids_of(make_loader(handle, rank=0, world_size=1, batch_size=100, shuffle=False)) == list(range(1000))
+
+
+# -- column kinds -------------------------------------------------------------------------------------------
+def mixed_frame(spark):
+    rows = [(i, float(i) / 2, [i, -i, 2 * i], [float(i)] * 4,
+             Vectors.dense([float(i), 1.0]) if i % 2 else Vectors.sparse(2, {0: float(i)}), i % 2 == 0)
+            for i in range(200)]
+    return spark.createDataFrame(rows, ["id", "y", "ints", "floats", "vec", "flag"])
+
+
+@pytest.fixture
+def mixed(spark_local):
+    return prepare_datasets(spark_local, {"mixed": same_frame(spark_local, "mixed", mixed_frame)}, num_ranks=2)["mixed"]
+
+
+def test_vectors_and_arrays_become_2d_tensors(mixed):
+    assert [(c.name, c.kind, c.length) for c in mixed.columns] == [
+        ("id", "scalar", None), ("y", "scalar", None), ("ints", "array", 3), ("floats", "array", 4),
+        ("vec", "vector", 2), ("flag", "scalar", None)]
+    batch = next(iter(make_loader(mixed, rank=0, world_size=2, batch_size=10)))
+    ids = batch["id"]
+
+    assert batch["id"].dtype == torch.int64 and batch["y"].dtype == torch.float32
+    assert batch["ints"].shape == (10, 3) and batch["ints"].dtype == torch.int64
+    assert batch["floats"].shape == (10, 4) and batch["vec"].shape == (10, 2)
+    assert batch["vec"].dtype == torch.float32 and batch["flag"].dtype == torch.bool
+    assert torch.equal(batch["ints"][:, 1], -ids)
+    assert torch.equal(batch["vec"][:, 0], ids.float())                     # dense and sparse alike
+    assert torch.equal(batch["vec"][:, 1], (ids % 2).float())                # the sparse ones hold 0 there
+    assert torch.equal(batch["y"], ids.float() / 2)
+
+
+def test_columns_and_dtypes_pick_what_a_rank_loads(mixed):
+    loader = make_loader(mixed, rank=1, world_size=2, batch_size=10, columns=["vec", "id"],
+                         dtypes={"vec": torch.float64, "id": "int32"})
+    batch = next(iter(loader))
+    assert list(batch) == ["vec", "id"]
+    assert batch["vec"].dtype == torch.float64 and batch["id"].dtype == torch.int32
+
+
+def test_missing_column_is_named(mixed):
+    with pytest.raises(DatasetError, match=r"'mixed' has no column 'label'.*id, y, ints"):
+        make_loader(mixed, rank=0, world_size=2, batch_size=10, columns=["id", "label"])
+    with pytest.raises(DatasetError, match="dtypes names column 'y'"):
+        make_loader(mixed, rank=0, world_size=2, batch_size=10, columns=["id"], dtypes={"y": "float64"})
+
+
+def test_a_share_smaller_than_one_batch_is_refused(mixed):
+    with pytest.raises(DatasetError, match="100 per rank.*batch_size=128.*drop_last=False"):
+        make_loader(mixed, rank=0, world_size=2, batch_size=128)
+    assert len(make_loader(mixed, rank=0, world_size=2, batch_size=128, drop_last=False)) == 1
+
+
+def test_handle_pickles_for_the_ranks(mixed):
+    import pickle
+
+    again = pickle.loads(pickle.dumps(mixed))
+    assert again == mixed and isinstance(again, DatasetHandle)
+
+
+def test_loader_times_the_wait_and_stops_its_thread_on_break(mixed):
+    loader = make_loader(mixed, rank=0, world_size=2, batch_size=10)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert loader.batches == 3 and loader.rows == 30 and loader.wait_seconds >= 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("spark_dist-loader")]
+    list(loader)
+    assert loader.batches == 3 + len(loader)
+
+
+# -- bad inputs: each error names the dataset and the column -----------------------------------------------
+@pytest.mark.parametrize("make, column, type_name", [
+    (lambda s: s.range(5).select("id", F.lit("a").alias("name")), "name", "string"),
+    (lambda s: s.range(5).select("id", F.struct("id").alias("st")), "st", "struct<id:bigint>"),
+    (lambda s: s.range(5).select("id", F.col("id").cast("decimal(10,2)").alias("price")), "price", "decimal"),
+    (lambda s: s.range(5).select(F.array(F.array("id")).alias("nested")), "nested", "array<array<bigint>>"),
+])
+def test_unsupported_types_are_refused_before_any_job(spark_local, make, column, type_name):
+    jobs_before = spark_local.sparkContext.statusTracker().getJobIdsForGroup()
+    with pytest.raises(DatasetError) as err:
+        prepare_datasets(spark_local, {"ok": spark_local.range(5), "bad": make(spark_local)}, num_ranks=1)
+    assert f"dataset 'bad': column '{column}' has type {type_name}" in str(err.value)
+    assert spark_local.sparkContext.statusTracker().getJobIdsForGroup() == jobs_before
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda s: s.range(10).where("id < 0"), "dataset 'bad': the DataFrame is empty"),
+    (lambda s: s.range(10).select("id", F.when(F.col("id") != 3, F.col("id") * 1.0).alias("x")),
+     "dataset 'bad': column 'x' has 1 null values"),
+    (lambda s: s.range(10).select(F.when(F.col("id") > 7, F.array("id")).otherwise(F.array("id", "id")).alias("a")),
+     "dataset 'bad': column 'a' holds arrays of unequal length (from 1 to 2)"),
+    (lambda s: s.range(10).select(F.array("id", F.when(F.col("id") != 2, F.col("id"))).alias("a")),
+     "dataset 'bad': column 'a' has 1 arrays holding null elements"),
+    (lambda s: s.range(2), "dataset 'bad' has 2 rows, fewer than the 3 ranks"),
+])
+def test_bad_values_are_named_and_leave_no_cache(spark_local, make, message):
+    with pytest.raises(DatasetError) as err:
+        prepare_datasets(spark_local, {"bad": make(spark_local)}, num_ranks=3)
+    assert message in str(err.value)
+    from spark_dist.data import cache
+
+    assert all(e.handle.name != "bad" for e in cache._entries)
+
+
+def test_a_file_cache_is_refused_when_executors_are_on_other_hosts():
+    from spark_dist.data.cache import remote_hosts
+
+    assert remote_hosts("127.0.0.1", ["127.0.0.1", "localhost", "127.0.0.2"]) == []
+    assert remote_hosts("127.0.0.1", ["127.0.0.1", "10.1.2.3"]) == ["10.1.2.3"]
+
+
+# -- the cache: one materialisation per DataFrame, and it goes away --------------------------------------------
+def test_the_same_dataframe_is_materialised_once(spark_local, monkeypatch):
+    from petastorm.spark import spark_dataset_converter as psc
+
+    writes = []
+    real = psc._materialize_df
+    monkeypatch.setattr(psc, "_materialize_df", lambda *a, **k: writes.append(1) or real(*a, **k))
+    df = spark_local.range(100).select("id", F.array("id", "id").alias("a"))
+
+    first = prepare_datasets(spark_local, {"train": df}, num_ranks=2)["train"]
+    again = prepare_datasets(spark_local, {"train": df, "same": df}, num_ranks=2)
+    assert len(writes) == 1
+    assert again["train"] == first and again["same"].file_urls == first.file_urls
+    assert again["same"].name == "same"
+
+
+def test_clear_cache_deletes_what_it_made_and_only_that(spark_local, tmp_path):
+    user_dir = tmp_path / "user_cache"
+    user_dir.mkdir()
+    (user_dir / "keep.txt").write_text("the user's")
+    spark_local.conf.set(CACHE_DIR_CONF, f"file://{user_dir}")
+    try:
+        handle = prepare_datasets(spark_local, {"d": spark_local.range(50)}, num_ranks=1)["d"]
+    finally:
+        spark_local.conf.unset(CACHE_DIR_CONF)
+    default = prepare_datasets(spark_local, {"d": spark_local.range(60)}, num_ranks=1)["d"]
+    dirs = [local_path(handle.cache_dir_url), local_path(default.cache_dir_url)]
+    assert dirs[0].startswith(str(user_dir)) and all(os.path.isdir(d) for d in dirs)
+
+    assert clear_cache() >= 2
+    assert not any(os.path.exists(d) for d in dirs)
+    assert not os.path.exists(os.path.dirname(dirs[1]))            # the default parent dir was ours
+    assert (user_dir / "keep.txt").read_text() == "the user's"    # the user's dir and files stay
+    assert spark_local.conf.get(CACHE_DIR_CONF, None) is None
+
+
+def _rank_ids(args):
+    """One rank's ids, read in a Spark task: another process, as a rank of a run would be."""
+    handle, rank = args
+    return sorted(i for b in make_loader(handle, rank=rank, world_size=2, batch_size=10) for i in b["id"].tolist())
+
+
+def test_executors_on_this_host_write_and_read_a_file_cache(spark_local_cluster):
+    # local-cluster: separate executor JVMs and Python workers on the driver's host; a file:// cache works.
+    spark = spark_local_cluster
+    handle = prepare_datasets(spark, {"d": spark.range(0, 1000, numPartitions=3)}, num_ranks=2)["d"]
+
+    shards = spark.sparkContext.parallelize([(handle, 0), (handle, 1)], 2).map(_rank_ids).collect()
+    assert [len(s) for s in shards] == [500, 500] and set(shards[0]) | set(shards[1]) == set(range(1000))
