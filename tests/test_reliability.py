@@ -214,3 +214,23 @@ def test_a_killed_python_worker_without_retries_names_the_rank(spark_standalone)
         Distributor(num_processes=2, verbose=False).run(kill_my_python_worker)
     assert info.value.first.kind == "lost" and info.value.rank == 1
     assert "Python worker exited unexpectedly" in str(info.value)
+
+
+def listeners_seen_by_a_rank():
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    store_port = int(os.environ["MASTER_PORT"])
+    mine = [c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    store = [c.laddr.ip for c in psutil.net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port == store_port]
+    return {"rank": mine, "store": store}
+
+
+def test_every_listener_of_a_run_binds_the_spark_host_address(spark_local):
+    seen = Distributor(num_processes=2, verbose=False).run(listeners_seen_by_a_rank)
+    assert seen["store"] == ["127.0.0.1"]  # the driver's store: spark.driver.host, not 0.0.0.0
+    assert seen["rank"] and set(seen["rank"]) == {"127.0.0.1"}  # gloo's own listeners in the rank
