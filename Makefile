@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: env demo test bench bench-launch bench-data clean
+.PHONY: env demo test bench bench-launch bench-data bench-horovod bench-ml clean
 env:
 	@bash scripts/setup_env.sh
 
@@ -12,7 +12,7 @@ demo: env
 test: env
 	$(PY) -m pytest
 
-bench: env bench-launch bench-data
+bench: env bench-launch bench-data bench-horovod bench-ml
 
 bench-launch: env
 	$(PY) bench/bench_launch.py --out bench/results/launch.json
@@ -22,3 +22,9 @@ bench-data: env
 
 clean:
 	rm -rf .venv build *.egg-info
+
+bench-horovod: env
+	$(PY) bench/bench_horovod.py --out bench/results/horovod.json
+
+bench-ml: env
+	$(PY) bench/bench_ml.py --out bench/results/ml.json

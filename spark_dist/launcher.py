@@ -57,6 +57,7 @@ class Distributor:
         self.verbose = verbose
         self._spark = spark
         self.history: List[Dict[str, Any]] = []
+        self.input_stats: List[Dict[str, Any]] = []  # per rank: input_wait_seconds, train_seconds, batches
         self.last_run_id: Optional[str] = None
 
     # ----------------------------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ class Distributor:
             handles = prepare_datasets(spark, datasets, config.num_processes)
         checkpoint_dir = config.checkpoint_dir or os.path.join(
             tempfile.gettempdir(), "spark_dist-checkpoints", config.run_id)
-        self.history = []
+        self.history, self.input_stats = [], []
         self.last_run_id = config.run_id
         started = time.monotonic()
         failures_seen: List[RankFailure] = []
@@ -135,6 +136,9 @@ class Distributor:
         return SparkSession.builder.getOrCreate()
 
     def _on_report(self, record: Dict[str, Any]) -> None:
+        if "input_wait_seconds" in record:  # the rank's input statistics, shown in the summary
+            self.input_stats.append(record)
+            return
         self.history.append(record)
         if self.verbose:
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("rank", "time"))
@@ -150,6 +154,12 @@ class Distributor:
         retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
         print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
               f"finished in {seconds:.2f}s{retried}{tail}", flush=True)
+        for stats in sorted(self.input_stats, key=lambda r: r["rank"]):
+            share = stats["input_wait_seconds"] / max(stats["train_seconds"], 1e-9)
+            hint = "  <- input-bound: raise batch_size or give the loader more cores" if share > 0.3 else ""
+            print(f"[spark_dist]   rank {stats['rank']}: waited {stats['input_wait_seconds']:.2f}s for data in "
+                  f"{stats['train_seconds']:.2f}s of training ({share:.0%}), {stats['batches']} batches{hint}",
+                  flush=True)
 
 
 _context_conf_cache: Dict[int, Dict[str, str]] = {}

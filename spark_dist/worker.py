@@ -333,7 +333,9 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
             _run_script(job, workdir)
             result = None
         else:
+            started = time.perf_counter()
             result = job.fn(*job.args, **job.kwargs)
+            _report_input_wait(ctx, reporter, time.perf_counter() - started)
         data = cloudpickle.dumps(result if rank.rank == 0 else None)
         _write_private(os.path.join(workdir, "result.pkl"), data)
         return 0
@@ -356,6 +358,14 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         return 1
     finally:
         context._set_context(None)
+
+
+def _report_input_wait(ctx, reporter, seconds: float) -> None:
+    """Tell the driver how long this rank waited for data, so a user sees when input is the bottleneck."""
+    if ctx.loaders:
+        waited = sum(loader.wait_seconds for loader in ctx.loaders)
+        reporter({"rank": ctx.rank, "time": time.time(), "input_wait_seconds": round(waited, 3),
+                  "train_seconds": round(seconds, 3), "batches": sum(loader.batches for loader in ctx.loaders)})
 
 
 def _set_collective_timeout(seconds: float) -> None:

@@ -64,9 +64,12 @@ def _check_equal_shards(everyone, epochs):
 
 def test_ddp_ranks_get_equal_shards_of_uneven_files(spark_local):
     df = skewed(spark_local)
-    everyone = Distributor(num_processes=2, verbose=False).run(read_with_allreduce_per_batch, 2,
-                                                                 datasets={"train": df})
+    d = Distributor(num_processes=2, verbose=False)
+    everyone = d.run(read_with_allreduce_per_batch, 2, datasets={"train": df})
     _check_equal_shards(everyone, 2)
+    # Each rank's time waiting for input, against its training time, reaches the driver.
+    assert sorted(s["rank"] for s in d.input_stats) == [0, 1]
+    assert all(s["batches"] == 30 and 0 <= s["input_wait_seconds"] <= s["train_seconds"] for s in d.input_stats)
 
 
 def test_local_mode_reads_the_same_way(spark_local):

@@ -234,3 +234,27 @@ def test_every_listener_of_a_run_binds_the_spark_host_address(spark_local):
     seen = Distributor(num_processes=2, verbose=False).run(listeners_seen_by_a_rank)
     assert seen["store"] == ["127.0.0.1"]  # the driver's store: spark.driver.host, not 0.0.0.0
     assert seen["rank"] and set(seen["rank"]) == {"127.0.0.1"}  # gloo's own listeners in the rank
+
+
+def kill_my_executor_once():
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    ctx = get_context()
+    if ctx.attempt == 0 and ctx.rank == 1:
+        # This rank's supervisor is a Python worker; its parent the PySpark daemon; above it the executor JVM.
+        executor = psutil.Process(os.getppid()).parent().parent()
+        assert "CoarseGrainedExecutorBackend" in " ".join(executor.cmdline())
+        executor.kill()
+        time.sleep(600)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return (ctx.attempt, float(t))
+
+
+def test_a_lost_executor_is_survived_by_a_retry(spark_standalone):
+    started = time.monotonic()
+    assert Distributor(num_processes=2, max_retries=1, verbose=False).run(kill_my_executor_once) == (1, 2.0)
+    assert time.monotonic() - started < 120

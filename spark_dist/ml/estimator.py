@@ -1,0 +1,203 @@
+"""``TorchEstimator``: a Spark ML Estimator that trains a torch module on a DataFrame through
+:class:`spark_dist.Distributor` (DDP or Horovod) and returns a :class:`TorchModel`."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from pyspark import keyword_only
+from pyspark.ml import Estimator
+from pyspark.ml.util import MLReadable, MLWritable
+
+from ..errors import ConfigError
+from . import inputs
+from .model import TorchModel
+from .params import TorchParams
+from .persistence import TorchParamsReader, TorchParamsWriter, dumps, loads
+from .training import TrainSpec, train_ranks
+
+
+class TorchEstimator(Estimator, TorchParams, MLWritable, MLReadable):
+    """Trains ``model`` on ``numProcesses`` Spark barrier tasks; each reads an equal shard of the DataFrame.
+
+    >>> est = TorchEstimator(model=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)),
+    ...                      featuresCol="features", labelCol="label", loss="cross_entropy",
+    ...                      epochs=20, batchSize=32, learningRate=0.003, numProcesses=2)
+    >>> model = est.fit(train_df)          # a TorchModel; model.history has one record per epoch
+    >>> model.transform(test_df)           # + prediction (double) and rawPrediction (vector)
+
+    Params (Spark camelCase; ``explainParams()`` lists them with their defaults):
+
+    - ``model``: the ``torch.nn.Module``; training starts from its current weights (it is not changed: the
+      fitted model holds a trained copy). It must take a float tensor ``[batch, n_features]``.
+    - ``featuresCol``: an ML vector column, an ``array<number>`` column, or a list of numeric columns.
+    - ``labelCol``, ``predictionCol``, ``rawPredictionCol``, ``seed``: as in Spark ML.
+    - ``loss``: ``"cross_entropy"`` (labels are class indices 0..C-1 for a C-output model), ``"mse"``,
+      ``"bce_with_logits"`` (targets in [0, 1]), or a callable ``(output, label) -> scalar tensor``.
+    - ``optimizer``: ``"adam"`` (default), ``"sgd"``, ``"adamw"``, or a callable ``(parameters, lr)``.
+    - ``batchSize`` (per process), ``epochs``, ``learningRate``, ``numProcesses``, ``backend``
+      (``"ddp"``: DDP over gloo, NCCL with ``useGpu``; ``"horovod"``: ``horovod.torch``), ``useGpu``.
+    - ``validationFraction`` (hold out this fraction at random, by ``seed``) or ``validationCol`` (a boolean
+      column, true = validation row): then each epoch's history also has ``val_loss`` (and
+      ``val_accuracy`` for cross_entropy and bce_with_logits).
+    - ``scaleLearningRate`` (default on): the linear scaling rule of Goyal et al., "Accurate, Large Minibatch
+      SGD" (2017). With N processes the global batch is N x batchSize, so the learning rate used is
+      N x learningRate, reached by a linear ramp from learningRate over the first ``warmupEpochs`` epochs
+      (default 1; 0 for none). Turn it off to use ``learningRate`` as is. With one process nothing changes.
+    - ``verbose``: print each epoch's metrics on the driver (default off; ``model.history`` has them).
+
+    In ``CrossValidator`` / ``TrainValidationSplit``, each fit is one barrier job holding ``numProcesses``
+    task slots: keep ``parallelism`` at 1 unless the cluster has ``parallelism x numProcesses`` slots. A
+    DataFrame fitted again (the same plan, e.g. every grid point of one fold) reuses its Petastorm cache.
+
+    ``fit`` raises :class:`spark_dist.ConfigError` (a ``ValueError``) before any training job when ``model``
+    is not set, a feature or label column is missing or not numeric, labels do not fit the model's outputs
+    (one cheap aggregation), ``numProcesses`` exceeds the cluster's task slots, or the backend is not
+    installed; each message names the Param or column. A failure inside training raises
+    :class:`spark_dist.TrainingFailedError` naming the rank.
+    """
+
+    @keyword_only
+    def __init__(self, *, model=None, loss="cross_entropy", optimizer="adam", featuresCol="features",
+                 labelCol="label", predictionCol="prediction", rawPredictionCol="rawPrediction", batchSize=32,
+                 epochs=10, learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, seed=None,
+                 validationFraction=0.0, validationCol=None, scaleLearningRate=True, warmupEpochs=1.0,
+                 verbose=False):
+        super().__init__()
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    @keyword_only
+    def setParams(self, *, model=None, loss="cross_entropy", optimizer="adam", featuresCol="features",
+                  labelCol="label", predictionCol="prediction", rawPredictionCol="rawPrediction", batchSize=32,
+                  epochs=10, learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, seed=None,
+                  validationFraction=0.0, validationCol=None, scaleLearningRate=True, warmupEpochs=1.0,
+                  verbose=False):
+        """Set the given Params (only those passed; ``None`` leaves a Param as it is)."""
+        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    # -- setters ------------------------------------------------------------------------------------------
+    def setModel(self, value):
+        return self._set(model=value)
+
+    def setLoss(self, value):
+        return self._set(loss=value)
+
+    def setOptimizer(self, value):
+        return self._set(optimizer=value)
+
+    def setBatchSize(self, value: int):
+        return self._set(batchSize=value)
+
+    def setEpochs(self, value: int):
+        return self._set(epochs=value)
+
+    def setLearningRate(self, value: float):
+        return self._set(learningRate=value)
+
+    def setNumProcesses(self, value: int):
+        return self._set(numProcesses=value)
+
+    def setBackend(self, value: str):
+        return self._set(backend=value)
+
+    def setSeed(self, value: int):
+        return self._set(seed=value)
+
+    def setValidationFraction(self, value: float):
+        return self._set(validationFraction=value)
+
+    def setValidationCol(self, value: str):
+        return self._set(validationCol=value)
+
+    def setScaleLearningRate(self, value: bool):
+        return self._set(scaleLearningRate=value)
+
+    def setWarmupEpochs(self, value: float):
+        return self._set(warmupEpochs=value)
+
+    def setVerbose(self, value: bool):
+        return self._set(verbose=value)
+
+    # -- persistence --------------------------------------------------------------------------------------
+    def write(self) -> TorchParamsWriter:
+        """A writer: ``est.write().overwrite().save(path)``; the module goes to ``path/torch.pt``."""
+        return TorchParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> TorchParamsReader:
+        return TorchParamsReader(cls)
+
+    def _extra_metadata(self) -> Dict[str, Any]:
+        return {}
+
+    def _load_extra_metadata(self, metadata: Dict[str, Any]) -> None:
+        pass
+
+    # -- fit ------------------------------------------------------------------------------------------------
+    def _fit(self, dataset) -> TorchModel:
+        from pyspark.sql import functions as F
+
+        from ..backends import get_backend
+        from ..launcher import Distributor
+
+        module = self.getModel()
+        if module is None:
+            raise ConfigError("model is not set: pass TorchEstimator(model=<torch.nn.Module>) or call setModel")
+        loss, backend = self.getLoss(), self.getBackend()
+        spark = dataset.sparkSession
+        schema = dataset.schema
+        features = inputs.features_of(schema, self.featureColumns())
+        label = self.getLabelCol()
+        label_kind = inputs.check_label(schema, label, loss, features)
+        validation_col, fraction = self.getValidationCol(), self.getValidationFraction()
+        if validation_col and fraction > 0:
+            raise ConfigError(f"validationCol={validation_col!r} and validationFraction={fraction:g} are both set; "
+                              "choose one")
+        if validation_col:
+            if inputs.column_kind(schema, validation_col, "validationCol") != inputs.SCALAR:
+                raise ConfigError(f"validationCol {validation_col!r} must be a boolean column")
+            if validation_col in (*features.columns, label):
+                raise ConfigError(f"validationCol {validation_col!r} is also a feature or the label")
+        get_backend(backend).check_available()  # Horovod not installed: say so before any job
+        inputs.check_slots(spark, self.getNumProcesses(), self.getUseGpu())
+
+        # The model meets the feature width before any job when the schema tells the width.
+        outputs = inputs.model_outputs(module, features.width) if features.width else None
+        stats = inputs.aggregate(dataset, features, label, label_kind, loss)
+        width = inputs.feature_width(features, stats)
+        if outputs is None:
+            outputs = inputs.model_outputs(module, width)
+        inputs.check_label_values(label, loss, outputs, stats)
+
+        columns = [F.col(inputs.quoted(c)) for c in (*features.columns, label)]
+        if validation_col:
+            flag = F.col(inputs.quoted(validation_col)).cast("boolean")
+            datasets = {"train": dataset.filter(flag.isNull() | ~flag).select(columns),
+                        "val": dataset.filter(flag).select(columns)}
+        elif fraction > 0:
+            train_df, val_df = dataset.select(columns).randomSplit([1.0 - fraction, fraction], seed=self.getSeed())
+            datasets = {"train": train_df, "val": val_df}
+        else:
+            datasets = {"train": dataset.select(columns)}
+
+        spec = TrainSpec(
+            objects=dumps({"model": module, "loss": loss, "optimizer": self.getOptimizer()}),
+            loss="callable" if callable(loss) else loss, feature_columns=features.columns,
+            stack_features=features.stacked, label_column=label, batch_size=self.getBatchSize(),
+            epochs=self.getEpochs(), learning_rate=self.getLearningRate(),
+            scale_learning_rate=self.getScaleLearningRate(), warmup_epochs=self.getWarmupEpochs(),
+            backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in datasets)
+        distributor = Distributor(num_processes=self.getNumProcesses(), backend=backend, use_gpu=self.getUseGpu(),
+                                  verbose=self.getVerbose(), spark=spark)
+        result = distributor.run(train_ranks, spec, datasets=datasets)
+
+        trained = loads(spec.objects)["model"]  # a fresh copy: the user's module keeps its weights
+        trained.load_state_dict(result["state_dict"])
+        trained.eval()
+        model = TorchModel()
+        model._resetUid(self.uid)  # as Spark's own estimators do: the model shares the estimator's uid
+        self._copyValues(model)
+        model._set(model=trained)
+        model._history = list(result["history"])
+        model._num_features, model._num_outputs = width, outputs
+        return model
+

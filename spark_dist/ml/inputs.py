@@ -1,0 +1,223 @@
+"""Driver-side checks of a DataFrame against the Params, before any training job.
+
+Schema checks cost nothing; the label range (and, when the schema does not say it, the feature width) comes
+from one cheap aggregation. Every error is a :class:`spark_dist.ConfigError` naming the Param and column.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from ..errors import ConfigError
+
+VECTOR, ARRAY, SCALAR = "vector", "array", "scalar"
+
+
+def _numeric_types():
+    from pyspark.sql import types as T
+
+    return (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.BooleanType)
+
+
+def column_kind(schema, column: str, param: str) -> str:
+    """``"vector"``, ``"array"`` (of numbers) or ``"scalar"`` (a number).
+
+    Raises:
+        ConfigError: no such column, or a column of another type; the message names ``param``.
+    """
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    if column not in schema.names:
+        raise ConfigError(f"{param}: the DataFrame has no column {column!r}; its columns are: "
+                          f"{', '.join(schema.names)}")
+    t = schema[column].dataType
+    if isinstance(t, VectorUDT):
+        return VECTOR
+    if isinstance(t, _numeric_types()):
+        return SCALAR
+    if isinstance(t, T.ArrayType) and isinstance(t.elementType, _numeric_types()):
+        return ARRAY
+    hint = " (index it with StringIndexer)" if isinstance(t, T.StringType) else ""
+    raise ConfigError(f"{param}: column {column!r} has type {t.simpleString()}, not a number, an array of numbers "
+                      f"or an ML vector{hint}")
+
+
+@dataclass(frozen=True)
+class Features:
+    """How ``featuresCol`` reads a DataFrame: one vector/array column, or scalar columns stacked in order."""
+
+    columns: Tuple[str, ...]
+    stacked: bool                  # scalar columns -> one [batch, len(columns)] tensor
+    width: Optional[int]           # values per row, when the schema tells (stacked columns, assembler metadata)
+    kind: str                      # VECTOR, ARRAY or SCALAR (stacked)
+
+    def array_column(self):
+        """The features as one ``array<float>`` Column (for inference)."""
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+
+        if self.stacked:
+            return F.array(*[F.col(quoted(c)).cast("float") for c in self.columns])
+        if self.kind == VECTOR:
+            return vector_to_array(F.col(quoted(self.columns[0])), "float32")
+        return F.col(quoted(self.columns[0])).cast("array<float>")
+
+    def width_column(self):
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+
+        col = F.col(quoted(self.columns[0]))
+        return F.size(vector_to_array(col) if self.kind == VECTOR else col)
+
+
+def quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def features_of(schema, columns: List[str]) -> Features:
+    """Read ``featuresCol`` against ``schema``.
+
+    Raises:
+        ConfigError: a missing column, a non-numeric one, or a list that mixes vectors/arrays in.
+    """
+    kinds = [column_kind(schema, c, "featuresCol") for c in columns]
+    if len(columns) == 1 and kinds[0] != SCALAR:
+        width = None
+        if kinds[0] == VECTOR:  # VectorAssembler and friends record the size in the column's ML attributes
+            width = schema[columns[0]].metadata.get("ml_attr", {}).get("num_attrs")
+        return Features(tuple(columns), False, width, kinds[0])
+    mixed = [c for c, k in zip(columns, kinds) if k != SCALAR]
+    if mixed:
+        raise ConfigError(f"featuresCol={columns!r}: column {mixed[0]!r} is a vector or an array; a list may hold "
+                          "only numeric columns (or pass that one column alone, or assemble them with VectorAssembler)")
+    return Features(tuple(columns), True, len(columns), SCALAR)
+
+
+def check_label(schema, label: str, loss, features: Features) -> str:
+    """The label column's kind; cross_entropy needs a numeric scalar.
+
+    Raises:
+        ConfigError: no such column, a non-numeric one, a vector label for cross_entropy, or the label among
+            the features.
+    """
+    kind = column_kind(schema, label, "labelCol")
+    if label in features.columns:
+        raise ConfigError(f"labelCol {label!r} is also in featuresCol; train on other columns")
+    if loss == "cross_entropy" and kind != SCALAR:
+        raise ConfigError(f"labelCol {label!r} is a {kind}: loss='cross_entropy' needs one class index per row")
+    return kind
+
+
+def aggregate(df, features: Features, label: str, label_kind: str, loss) -> dict:
+    """One Spark job: row count, label nulls/min/max/non-integers, feature width range (when unknown)."""
+    from pyspark.sql import functions as F
+
+    exprs = [F.count(F.lit(1)).alias("rows")]
+    if label_kind == SCALAR and loss in ("cross_entropy", "bce_with_logits"):
+        y = F.col(quoted(label)).cast("double")
+        exprs += [F.count(y).alias("labels"), F.min(y).alias("label_min"), F.max(y).alias("label_max"),
+                  F.sum((y != F.floor(y)).cast("long")).alias("non_integers")]
+    if features.width is None:
+        size = features.width_column()
+        exprs += [F.min(size).alias("width_min"), F.max(size).alias("width_max")]
+    if len(exprs) == 1:  # nothing to learn beyond the count: no job
+        return {}
+    return df.agg(*exprs).first().asDict()
+
+
+def feature_width(features: Features, stats: dict) -> int:
+    """Values per row of ``featuresCol``.
+
+    Raises:
+        ConfigError: rows of unequal or zero width, or an empty DataFrame.
+    """
+    if features.width is not None:
+        return int(features.width)
+    lo, hi = stats.get("width_min"), stats.get("width_max")
+    if lo is None:
+        raise ConfigError(f"featuresCol {features.columns[0]!r}: the DataFrame has no rows with features")
+    if lo != hi or lo < 1:
+        raise ConfigError(f"featuresCol {features.columns[0]!r} holds rows of {lo} to {hi} values; every row "
+                          "needs the same non-zero number")
+    return int(lo)
+
+
+def model_outputs(module, width: int) -> int:
+    """Outputs per row of ``module`` on ``width`` features, from one forward pass of two zero rows.
+
+    Raises:
+        ConfigError: the module cannot take ``[batch, width]`` input.
+    """
+    import torch
+
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(torch.zeros(2, width))
+    except Exception as exc:  # any error here means the model and featuresCol disagree
+        raise ConfigError(f"model cannot take a [batch, {width}] float tensor, which featuresCol gives: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        module.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.dim() not in (1, 2) or out.shape[0] != 2:
+        raise ConfigError(f"model must return a [batch] or [batch, outputs] tensor; on [2, {width}] input it "
+                          f"returned {getattr(out, 'shape', type(out).__name__)}")
+    return 1 if out.dim() == 1 else int(out.shape[1])
+
+
+def check_label_values(label: str, loss, outputs: int, stats: dict) -> None:
+    """Labels fit the loss and the model's outputs.
+
+    Raises:
+        ConfigError: an empty DataFrame, null labels, non-integer or out-of-range classes, or bce labels
+            outside [0, 1]; the message names ``labelCol``.
+    """
+    if "label_min" not in stats:
+        return
+    if not stats["rows"]:
+        raise ConfigError("the DataFrame given to fit() is empty")
+    if stats["labels"] != stats["rows"]:
+        raise ConfigError(f"labelCol {label!r} has {stats['rows'] - stats['labels']} null values; drop or fill them")
+    lo, hi = stats["label_min"], stats["label_max"]
+    if loss == "cross_entropy":
+        if stats["non_integers"]:
+            raise ConfigError(f"labelCol {label!r} holds {stats['non_integers']} non-integer values; "
+                              "loss='cross_entropy' needs class indices 0, 1, ...")
+        if outputs < 2:
+            raise ConfigError(f"model has {outputs} output; loss='cross_entropy' needs one output per class")
+        if lo < 0 or hi >= outputs:
+            raise ConfigError(f"labelCol {label!r} holds values from {lo:g} to {hi:g}, but the model has {outputs} "
+                              f"outputs: loss='cross_entropy' needs class indices 0..{outputs - 1}")
+    elif lo < 0 or hi > 1:
+        raise ConfigError(f"labelCol {label!r} holds values from {lo:g} to {hi:g}; loss='bce_with_logits' "
+                          "needs targets in [0, 1]")
+
+
+def check_slots(spark, needed: int, use_gpu: bool) -> None:
+    """The cluster can run ``numProcesses`` barrier tasks at once (waiting for executors still registering,
+    up to ``spark.dist.slotWaitTimeout``, except on a ``local[N]`` master where nothing more will come).
+
+    Raises:
+        ConfigError: too few task slots; the message names ``numProcesses``.
+    """
+    from ..resources import cluster_task_slots, wait_for_slots
+
+    sc = spark.sparkContext
+    slots = cluster_task_slots(sc)
+    if slots >= needed:
+        return
+    master = sc.master
+    unit = "GPU task slots" if use_gpu else "task slots"
+    if master == "local" or master.startswith("local["):
+        raise ConfigError(f"numProcesses={needed} but master {master} has {slots} {unit}: lower numProcesses")
+    text = spark.conf.get("spark.dist.slotWaitTimeout", None) or sc.getConf().get("spark.dist.slotWaitTimeout", "30")
+    try:
+        timeout = float(str(text).strip().lower().rstrip("s"))
+    except ValueError:
+        timeout = 30.0
+    try:
+        wait_for_slots(sc, needed, timeout, use_gpu)
+    except ConfigError as exc:
+        raise ConfigError(f"numProcesses={needed}: {exc}") from None

@@ -1,0 +1,206 @@
+"""``TorchModel``: the fitted Spark ML Model; ``transform`` is vectorised batch inference.
+
+Inference runs as a scalar-iterator ``pandas_udf`` over Arrow batches: each Python worker unpickles the
+module once (kept in a small module-level cache keyed by the weights' digest, so reused workers and later
+transforms skip even that) and runs one forward pass per chunk of rows, never per row.
+"""
+import hashlib
+import threading
+from collections import OrderedDict
+from typing import Any, Dict, Iterator, List, Optional
+
+import pandas as pd
+from pyspark import keyword_only
+from pyspark.ml import Model
+from pyspark.ml.util import MLReadable, MLWritable
+
+from ..errors import ConfigError
+from . import inputs
+from .params import TorchParams
+from .persistence import TorchParamsReader, TorchParamsWriter, dumps, loads
+
+# Python-worker side: digest -> module, the most recent few (a worker may serve several models).
+_MODULES: "OrderedDict[str, Any]" = OrderedDict()
+_MODULES_LOCK = threading.Lock()
+_MODULES_KEPT = 4
+CHUNK_ROWS = 4096  # rows per forward pass at least (batchSize when larger): bounds activation memory
+
+CLASSIFY, BINARY, REGRESS, VECTOR_OUT = "classify", "binary", "regress", "vector"
+
+
+def worker_module(key: str, payload: bytes, use_gpu: bool):
+    """The module for ``key`` in this Python worker, unpickled on first use, in eval mode."""
+    with _MODULES_LOCK:
+        module = _MODULES.get(key)
+        if module is not None:
+            _MODULES.move_to_end(key)
+            return module
+    import torch
+
+    module = loads(payload)
+    device = torch.device("cuda") if use_gpu and torch.cuda.is_available() else torch.device("cpu")
+    module = module.to(device).eval()
+    with _MODULES_LOCK:
+        _MODULES[key] = module
+        while len(_MODULES) > _MODULES_KEPT:
+            _MODULES.popitem(last=False)
+    return module
+
+
+def output_kind(loss, outputs: int) -> str:
+    if loss == "cross_entropy":
+        return CLASSIFY
+    if outputs == 1:
+        return BINARY if loss == "bce_with_logits" else REGRESS
+    return VECTOR_OUT
+
+
+def predict_chunks(module, features: pd.Series, chunk: int):
+    """Model outputs for one Arrow batch of ``array<float>`` features, as a ``[rows, outputs]`` float64 array."""
+    import numpy as np
+    import torch
+
+    if len(features) == 0:
+        return np.zeros((0, 0))
+    x = np.stack(features.to_numpy()).astype(np.float32, copy=False)
+    device = next(module.parameters(), torch.empty(0)).device
+    parts = []
+    with torch.inference_mode():
+        for start in range(0, len(x), chunk):
+            out = module(torch.from_numpy(x[start:start + chunk]).to(device))
+            parts.append(out.reshape(out.shape[0], -1).double().cpu().numpy())
+    return np.concatenate(parts)
+
+
+def make_predict_udf(key: str, payload: bytes, kind: str, use_gpu: bool, chunk: int):
+    """The pandas UDF for one model; ``payload`` travels inside the pickled UDF (PySpark broadcasts it
+    itself once it is large)."""
+    import numpy as np
+    from pyspark.sql.functions import pandas_udf
+
+    if kind in (CLASSIFY, BINARY):
+        def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+            module = worker_module(key, payload, use_gpu)
+            for features in batches:
+                out = predict_chunks(module, features, chunk)
+                if len(out) == 0:
+                    yield pd.DataFrame({"prediction": pd.Series([], dtype="float64"),
+                                        "raw": pd.Series([], dtype="object")})
+                    continue
+                if kind == BINARY:  # Spark's binary convention: rawPrediction = [-margin, margin]
+                    out = np.concatenate([-out, out], axis=1)
+                yield pd.DataFrame({"prediction": out.argmax(axis=1).astype("float64"), "raw": list(out)})
+        return pandas_udf(predict, "prediction double, raw array<double>")
+
+    def regress(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        module = worker_module(key, payload, use_gpu)
+        for features in batches:
+            out = predict_chunks(module, features, chunk)
+            if kind == REGRESS:
+                yield pd.Series(out[:, 0] if len(out) else [], dtype="float64")
+            else:
+                yield pd.Series(list(out), dtype="object")
+    return pandas_udf(regress, "double" if kind == REGRESS else "array<double>")
+
+
+class TorchModel(Model, TorchParams, MLWritable, MLReadable):
+    """A trained torch module as a Spark ML Model (made by :meth:`TorchEstimator.fit`, or directly around a
+    trained module: ``TorchModel(model=module, featuresCol=..., loss="mse")``).
+
+    ``transform(df)`` reads the same ``featuresCol`` as training (vector, array, or list of numeric columns)
+    and adds, by ``loss``:
+
+    - ``cross_entropy``: ``predictionCol`` (the arg-max class, double) and ``rawPredictionCol`` (the
+      outputs, an ML vector), as Spark's classifiers do;
+    - ``bce_with_logits`` with one output: ``predictionCol`` (1.0 when the logit is > 0) and
+      ``rawPredictionCol`` = ``[-logit, logit]`` (Spark's binary convention);
+    - ``mse`` or a callable loss, one output: ``predictionCol`` (double); several outputs: an ML vector.
+
+    ``history`` lists the per-epoch metrics of training (``epoch``, ``train_loss``, ``learning_rate``, and
+    ``val_loss`` / ``val_accuracy`` with validation).
+
+    Raises (from ``transform``, before any job): :class:`spark_dist.ConfigError` when ``model`` is not set,
+    a feature column is missing or not numeric, or an output column already exists.
+    """
+
+    @keyword_only
+    def __init__(self, *, model=None, featuresCol="features", predictionCol="prediction",
+                 rawPredictionCol="rawPrediction", loss="cross_entropy", useGpu=False, batchSize=32):
+        super().__init__()
+        self._history: List[Dict[str, Any]] = []
+        self._num_features: Optional[int] = None
+        self._num_outputs: Optional[int] = None
+        self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+
+    def setModel(self, value):
+        self._num_outputs = None  # another module: ask it again
+        return self._set(model=value)
+
+    @property
+    def history(self) -> List[Dict[str, Any]]:
+        """One record per training epoch (empty for a model not made by ``fit``)."""
+        return list(self._history)
+
+    def numFeatures(self) -> Optional[int]:
+        """Values per row of ``featuresCol`` the model was trained on (``None`` when not known)."""
+        return self._num_features
+
+    def numOutputs(self) -> Optional[int]:
+        return self._num_outputs
+
+    # -- persistence --------------------------------------------------------------------------------------
+    def write(self) -> TorchParamsWriter:
+        """A writer: ``model.write().overwrite().save(path)``; the module and weights go to ``path/torch.pt``."""
+        return TorchParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> TorchParamsReader:
+        return TorchParamsReader(cls)
+
+    def _extra_metadata(self) -> Dict[str, Any]:
+        return {"history": self._history, "numFeatures": self._num_features, "numOutputs": self._num_outputs}
+
+    def _load_extra_metadata(self, metadata: Dict[str, Any]) -> None:
+        self._history = list(metadata.get("history") or [])
+        self._num_features = metadata.get("numFeatures")
+        self._num_outputs = metadata.get("numOutputs")
+
+    # -- transform ----------------------------------------------------------------------------------------
+    def _outputs(self, dataset, module, features) -> int:
+        if self._num_outputs is not None and (features.width is None or features.width == self._num_features):
+            return self._num_outputs
+        width = features.width or self._num_features
+        if width is None:  # a model made around a module, on a vector/array column without size metadata
+            row = dataset.select(features.width_column().alias("n")).first()
+            if row is None:
+                return 1
+            width = int(row["n"])
+        return inputs.model_outputs(module, width)
+
+    def _transform(self, dataset):
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
+
+        module = self.getModel()
+        if module is None:
+            raise ConfigError("model is not set: TorchModel(model=<torch.nn.Module>) or setModel")
+        features = inputs.features_of(dataset.schema, self.featureColumns())
+        kind = output_kind(self.getLoss(), self._outputs(dataset, module, features))
+        prediction, raw = self.getPredictionCol(), self.getRawPredictionCol()
+        added = [("predictionCol", prediction)] + ([("rawPredictionCol", raw)] if kind in (CLASSIFY, BINARY) else [])
+        for param, name in added:
+            if name in dataset.columns:
+                raise ConfigError(f"{param}: the DataFrame already has a column {name!r}; choose another name")
+        payload = dumps(module)
+        key = hashlib.sha256(payload).hexdigest()
+        udf = make_predict_udf(key, payload, kind, self.getUseGpu(), max(CHUNK_ROWS, self.getBatchSize()))
+        scores = udf(features.array_column())
+        if kind in (REGRESS, VECTOR_OUT):
+            return dataset.withColumn(prediction, scores if kind == REGRESS else array_to_vector(scores))
+        # One UDF column, then its fields: Spark keeps the UDF in its own projection (it is not cheap to
+        # repeat), so it runs once per row.
+        tmp = f"__spark_dist_scores_{self.uid}"
+        return (dataset.withColumn(tmp, scores)
+                .withColumn(raw, array_to_vector(F.col(tmp)["raw"]))
+                .withColumn(prediction, F.col(tmp)["prediction"])
+                .drop(tmp))

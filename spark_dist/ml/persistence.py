@@ -1,0 +1,170 @@
+"""Save and load for :class:`TorchEstimator` and :class:`TorchModel`, in ``DefaultParamsWritable`` style.
+
+A saved stage is a directory:
+
+- ``metadata/``: Spark's JSON params file (``DefaultParamsWriter.saveMetadata``): class, uid, the Params
+  that are JSON values, and extra fields (``objects``: the names kept in ``torch.pt``; for a model its
+  ``history``, ``numFeatures``, ``numOutputs``).
+- ``torch.pt``: the Params that are Python objects (``model``, and ``loss`` / ``optimizer`` when callables),
+  written by ``torch.save`` with cloudpickle as the pickler: the module object with its weights, and the
+  classes of modules that executors could not import (a notebook, a file beside it) by value.
+
+Both files go through Hadoop's FileSystem API, so any path Spark can write (``file:``, ``hdfs:``, ``s3a:``)
+works, and ``Pipeline`` / ``PipelineModel`` save their stages here unchanged.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Dict, Iterable, Tuple
+
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+
+from .params import OBJECT_PARAMS
+
+OBJECTS_FILE = "torch.pt"
+
+
+# -- pickling torch objects -----------------------------------------------------------------------------------
+def _local_modules(objects: Iterable[Any]):
+    """The Python modules defining these objects' classes (and submodules' classes) that are not installed:
+    executors and later sessions may not be able to import them, so they are pickled by value."""
+    import torch
+
+    seen = set()
+    for obj in objects:
+        parts = list(obj.modules()) if isinstance(obj, torch.nn.Module) else [obj]
+        for part in parts:
+            for owner in (type(part), part):
+                name = getattr(owner, "__module__", None) or ""
+                module = sys.modules.get(name)
+                path = getattr(module, "__file__", None) or ""
+                if (module is None or name in seen or name == "__main__" or not path
+                        or "site-packages" in path or "dist-packages" in path
+                        or path.startswith(sys.base_prefix) or name.split(".")[0] in ("spark_dist", "torch")):
+                    continue
+                seen.add(name)
+                yield module
+
+
+@contextmanager
+def _by_value(objects: Iterable[Any]):
+    import cloudpickle
+
+    registered = []
+    for module in _local_modules(objects):
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            registered.append(module)
+        except ValueError:  # not importable by its name: pickled by value anyway
+            pass
+    try:
+        yield
+    finally:
+        for module in registered:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def dumps(obj: Any) -> bytes:
+    """``torch.save`` with cloudpickle as the pickler (module objects, callables, weights, all in one)."""
+    import cloudpickle
+    import torch
+
+    values = obj.values() if isinstance(obj, dict) else [obj]
+    buffer = io.BytesIO()
+    with _by_value(values):
+        torch.save(obj, buffer, pickle_module=cloudpickle)
+    return buffer.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+# -- files through Hadoop's FileSystem ----------------------------------------------------------------------
+def _filesystem(sc, path: str):
+    jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
+
+
+def write_bytes(sc, path: str, data: bytes) -> None:
+    fs, jpath = _filesystem(sc, path)
+    out = fs.create(jpath, False)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_bytes(sc, path: str) -> bytes:
+    fs, jpath = _filesystem(sc, path)
+    stream = fs.open(jpath)
+    try:
+        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+# -- writer and reader --------------------------------------------------------------------------------------
+def split_params(instance) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The explicitly set Params as (JSON values, Python objects)."""
+    json_params, objects = {}, {}
+    for param, value in instance._paramMap.items():
+        if param.name in OBJECT_PARAMS and (param.name == "model" or callable(value)):
+            if value is not None:
+                objects[param.name] = value
+            continue
+        try:
+            json.dumps(value)
+        except TypeError:
+            raise TypeError(f"cannot save Param {param.name}={value!r}: it is neither JSON nor one of "
+                            f"{', '.join(OBJECT_PARAMS)}") from None
+        json_params[param.name] = value
+    return json_params, objects
+
+
+class TorchParamsWriter(MLWriter):
+    """Writes ``metadata/`` (JSON Params) and ``torch.pt`` (the module and callables) under the path."""
+
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        json_params, objects = split_params(self.instance)
+        extra = dict(self.instance._extra_metadata())
+        extra["objects"] = sorted(objects)
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, extraMetadata=extra, paramMap=json_params)
+        if objects:
+            write_bytes(self.sc, os.path.join(path, OBJECTS_FILE), dumps(objects))
+
+
+class TorchParamsReader(MLReader):
+    """Reads what :class:`TorchParamsWriter` wrote, as an instance of the class named in the metadata."""
+
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str):
+        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        module_name, _, class_name = metadata["class"].rpartition(".")
+        py_type = getattr(__import__(module_name, fromlist=[class_name]), class_name)
+        if not issubclass(py_type, self.cls):
+            raise TypeError(f"{path} holds a {metadata['class']}, not a {self.cls.__name__}")
+        instance = py_type()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        if metadata.get("objects"):
+            objects = loads(read_bytes(self.sc, os.path.join(path, OBJECTS_FILE)))
+            instance._set(**objects)
+        instance._load_extra_metadata(metadata)
+        return instance
+
+
+__all__ = ["TorchParamsWriter", "TorchParamsReader", "dumps", "loads", "write_bytes", "read_bytes"]

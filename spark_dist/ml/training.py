@@ -1,0 +1,200 @@
+"""The rank side of ``TorchEstimator.fit``: one module-level function that every rank runs.
+
+It reads its equal shard through ``ctx.loader``, trains with DDP (gloo, or NCCL on GPUs) or Horovod, and
+returns the trained weights and the per-epoch history from rank 0. Nothing here imports Spark.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything a rank needs, built and checked on the driver."""
+
+    # {"model": torch module, "loss": name or callable, "optimizer": name or callable (parameters, lr)},
+    # by persistence.dumps: classes and functions from modules executors cannot import travel by value.
+    objects: bytes
+    loss: str                      # a name from params.LOSSES, or "callable"
+    feature_columns: tuple         # one vector/array column, or numeric columns stacked in this order
+    stack_features: bool           # True: the columns are scalars to stack into one [batch, n] tensor
+    label_column: str
+    batch_size: int
+    epochs: int
+    learning_rate: float
+    scale_learning_rate: bool
+    warmup_epochs: float
+    backend: str                   # "ddp" or "horovod"
+    use_gpu: bool
+    seed: int
+    has_validation: bool
+
+
+def learning_rate_at(step: int, base: float, world_size: int, warmup_steps: int, scale: bool) -> float:
+    """Goyal et al. (2017): the learning rate grows linearly with the global batch (``base`` x world size),
+    reached by a linear ramp from ``base`` over ``warmup_steps`` so that early large steps do not diverge."""
+    if not scale or world_size == 1:
+        return base
+    target = base * world_size
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target
+    return base + (target - base) * (step + 1) / warmup_steps
+
+
+def make_loss(loss):
+    import torch.nn.functional as F
+
+    if callable(loss):
+        return loss
+    fn = {"cross_entropy": F.cross_entropy, "mse": F.mse_loss, "bce_with_logits": F.binary_cross_entropy_with_logits}
+    inner = fn[loss]
+
+    def compute(output, label):
+        if loss != "cross_entropy" and output.dim() == label.dim() + 1 and output.shape[-1] == 1:
+            output = output.squeeze(-1)  # a [batch, 1] head against [batch] targets
+        return inner(output, label)
+    return compute
+
+
+def make_optimizer(optimizer, parameters, lr: float):
+    import torch
+
+    if callable(optimizer):
+        return optimizer(parameters, lr)
+    cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optimizer]
+    return cls(parameters, lr=lr)
+
+
+def correct_count(loss, output, label):
+    """Rows predicted right, for the losses that classify; ``None`` for the others."""
+    if loss == "cross_entropy":
+        return (output.argmax(dim=-1) == label).sum()
+    if loss == "bce_with_logits":
+        if output.dim() == label.dim() + 1 and output.shape[-1] == 1:
+            output = output.squeeze(-1)
+        right = (output > 0).to(label.dtype) == label
+        return (right.all(dim=-1) if right.dim() > 1 else right).sum()  # multi-label: every label right
+    return None
+
+
+def _features(batch, spec: TrainSpec):
+    import torch
+
+    if spec.stack_features:
+        return torch.stack([batch[c] for c in spec.feature_columns], dim=1)
+    return batch[spec.feature_columns[0]]
+
+
+def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
+    """Runs on every rank. Returns ``{"state_dict", "history"}`` on rank 0, ``None`` elsewhere."""
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    from spark_dist import get_context
+
+    ctx = get_context()
+    torch.manual_seed(spec.seed % (2 ** 63) + ctx.rank)  # dropout and friends differ per rank; weights start equal
+    device = ctx.device
+    objects = torch.load(io.BytesIO(spec.objects), map_location="cpu", weights_only=False)
+    module = objects["model"].to(device)
+    loss_fn = make_loss(objects["loss"])
+    hvd = None
+    if spec.backend == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        model = module
+        optimizer = make_optimizer(objects["optimizer"], model.parameters(), spec.learning_rate)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    else:
+        dist.init_process_group("nccl" if spec.use_gpu else "gloo")
+        model = torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if spec.use_gpu else None)
+        optimizer = make_optimizer(objects["optimizer"], model.parameters(), spec.learning_rate)
+
+    def sum_over_ranks(values: List[float]) -> List[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if hvd is not None:
+            tensor = hvd.allreduce(tensor, op=hvd.Sum, name="metrics")
+        else:
+            tensor = tensor.to(device) if spec.use_gpu else tensor
+            dist.all_reduce(tensor)
+        return tensor.cpu().tolist()
+
+    columns = list(spec.feature_columns) + [spec.label_column]
+    dtypes = {c: torch.float32 for c in spec.feature_columns}
+    if spec.loss != "callable":  # a callable gets the loader's default: int64 for integer labels, else float32
+        dtypes[spec.label_column] = torch.int64 if spec.loss == "cross_entropy" else torch.float32
+    # Full batches when every rank has at least one; else one short batch per epoch (same size on all ranks).
+    drop_last = ctx.datasets["train"].num_rows // ctx.world_size >= spec.batch_size
+    history: List[Dict[str, Any]] = []
+    step = 0
+    try:
+        for epoch in range(spec.epochs):
+            model.train()
+            loader = ctx.loader("train", spec.batch_size, epoch=epoch, shuffle=True, seed=spec.seed % (2 ** 31),
+                                columns=columns, drop_last=drop_last, dtypes=dtypes)
+            warmup_steps = int(round(spec.warmup_epochs * len(loader)))
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            rows = 0
+            for batch in loader:
+                lr = learning_rate_at(step, spec.learning_rate, ctx.world_size, warmup_steps,
+                                      spec.scale_learning_rate)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                x, y = _features(batch, spec).to(device), batch[spec.label_column].to(device)
+                optimizer.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                optimizer.step()
+                loss_sum += loss.detach().double().cpu() * len(y)
+                rows += len(y)
+                step += 1
+            total, count = sum_over_ranks([float(loss_sum), float(rows)])
+            record: Dict[str, Any] = {"epoch": epoch, "train_loss": total / max(count, 1.0), "learning_rate": lr}
+            if spec.has_validation:
+                record.update(_validate(ctx, model, spec, loss_fn, columns, dtypes, device, sum_over_ranks))
+            history.append(record)
+            if ctx.rank == 0:
+                ctx.report(**record)
+    finally:
+        if hvd is not None:
+            hvd.shutdown()
+        elif dist.is_initialized():
+            dist.destroy_process_group()
+    if ctx.rank != 0:
+        return None
+    return {"state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()}, "history": history}
+
+
+def _validate(ctx, model, spec: TrainSpec, loss_fn, columns, dtypes, device, sum_over_ranks) -> Dict[str, float]:
+    """Loss (and accuracy when the loss classifies) over the validation set, every rank its shard.
+
+    ``drop_last=False`` so every row counts; the last ranks repeat at most ``world_size - 1`` rows to keep
+    the shards equal, which moves the figures by at most that many rows' worth.
+    """
+    import torch
+
+    model.eval()
+    loss_sum, correct, rows = 0.0, 0.0, 0.0
+    classifies = True
+    with torch.no_grad():
+        for batch in ctx.loader("val", max(spec.batch_size, 256), shuffle=False, seed=0, columns=columns,
+                                drop_last=False, dtypes=dtypes):
+            x, y = _features(batch, spec).to(device), batch[spec.label_column].to(device)
+            output = model(x)
+            loss_sum += float(loss_fn(output, y)) * len(y)
+            hits = correct_count(spec.loss, output, y)
+            classifies = hits is not None
+            correct += float(hits) if classifies else 0.0
+            rows += len(y)
+    loss_total, correct_total, count = sum_over_ranks([loss_sum, correct, rows])
+    out = {"val_loss": loss_total / max(count, 1.0)}
+    if classifies:
+        out["val_accuracy"] = correct_total / max(count, 1.0)
+    return out
