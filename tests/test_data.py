@@ -313,6 +313,19 @@ def test_clear_cache_deletes_what_it_made_and_only_that(spark_local, tmp_path):
     assert spark_local.conf.get(CACHE_DIR_CONF, None) is None
 
 
+def test_least_recently_used_caches_are_evicted_beyond_the_bound(spark_local, monkeypatch):
+    from spark_dist.data import cache
+
+    monkeypatch.setattr(cache, "MAX_CACHED_DATASETS", 2)
+    a, b, c = (spark_local.range(n) for n in (70, 80, 90))  # e.g. what three Pipeline fits would pass
+    first = prepare_datasets(spark_local, {"d": a}, num_ranks=1)["d"]
+    second = prepare_datasets(spark_local, {"d": b}, num_ranks=1)["d"]
+    prepare_datasets(spark_local, {"d": a}, num_ranks=1)  # a used again: b is now the oldest
+    third = prepare_datasets(spark_local, {"d": c}, num_ranks=1)["d"]
+    assert os.path.isdir(local_path(first.cache_dir_url)) and os.path.isdir(local_path(third.cache_dir_url))
+    assert not os.path.exists(local_path(second.cache_dir_url))
+
+
 def _rank_ids(args):
     """One rank's ids, read in a Spark task: another process, as a rank of a run would be."""
     handle, rank = args

@@ -15,12 +15,17 @@ import shutil
 import socket
 import tempfile
 import threading
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional
 from urllib.parse import urlparse
 
 from .handle import ARRAY, SCALAR, VECTOR, DatasetError, DatasetHandle, describe_files
+
+# Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastorm\.")
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +47,9 @@ _entries: List[_Entry] = []
 _default_parent: Optional[str] = None   # the directory this process created when the conf was not set
 _owner_pid = os.getpid()                # forked children inherit this module's state, not its caches
 _atexit_registered = False
+# Caches kept per application, least recently used evicted first: a Pipeline or CrossValidator makes a new
+# DataFrame (a new plan) on every fit, so without a bound the caches of a tuning run would pile up on disk.
+MAX_CACHED_DATASETS = 8
 
 
 # -- schema (no Spark job) ----------------------------------------------------------------------------------
@@ -307,6 +315,9 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
             hit = next((e for e in _entries if e.app_id == app_id and e.parent_url == parent_url
                         and e.plan.sameResult(plan)), None)
         if hit is not None:
+            with _lock:  # most recently used last
+                _entries.remove(hit)
+                _entries.append(hit)
             if hit.handle.num_rows < num_ranks:
                 raise DatasetError(f"dataset {name!r} has {hit.handle.num_rows} rows, fewer than the "
                                    f"{num_ranks} ranks: use fewer processes or more data")
@@ -323,7 +334,19 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
         with _lock:
             _entries.append(entry)
         handles[name] = entry.handle
+    _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
     return handles
+
+
+def _evict(app_id: str, keep) -> None:
+    """Delete the least recently used caches of ``app_id`` beyond :data:`MAX_CACHED_DATASETS`."""
+    with _lock:
+        mine = [e for e in _entries if e.app_id == app_id]
+        extra = len(mine) - MAX_CACHED_DATASETS
+        gone = [e for e in mine if e.handle.cache_dir_url not in keep][:max(extra, 0)]
+        _entries[:] = [e for e in _entries if e not in gone]
+    for entry in gone:
+        _delete(entry)
 
 
 def clear_cache(spark=None) -> int:
