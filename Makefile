@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: env demo test bench bench-launch bench-data bench-horovod bench-ml clean
+.PHONY: env demo test bench bench-launch bench-data bench-horovod bench-ml bench-recovery clean
 env:
 	@bash scripts/setup_env.sh
 
@@ -12,7 +12,7 @@ demo: env
 test: env
 	$(PY) -m pytest
 
-bench: env bench-launch bench-data bench-horovod bench-ml
+bench: env bench-launch bench-data bench-horovod bench-ml bench-recovery
 
 bench-launch: env
 	$(PY) bench/bench_launch.py --out bench/results/launch.json
@@ -28,3 +28,6 @@ bench-horovod: env
 
 bench-ml: env
 	$(PY) bench/bench_ml.py --out bench/results/ml.json
+
+bench-recovery: env
+	$(PY) bench/bench_recovery.py --out bench/results/recovery.json

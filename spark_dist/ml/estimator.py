@@ -6,17 +6,16 @@ from typing import Any, Dict
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
-from pyspark.ml.util import MLReadable, MLWritable
 
 from ..errors import ConfigError
 from . import inputs
 from .model import TorchModel
 from .params import TorchParams
-from .persistence import TorchParamsReader, TorchParamsWriter, dumps, loads
+from .persistence import TorchPersistence, dumps, loads
 from .training import TrainSpec, train_ranks
 
 
-class TorchEstimator(Estimator, TorchParams, MLWritable, MLReadable):
+class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     """Trains ``model`` on ``numProcesses`` Spark barrier tasks; each reads an equal shard of the DataFrame.
 
     >>> est = TorchEstimator(model=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)),
@@ -118,14 +117,6 @@ class TorchEstimator(Estimator, TorchParams, MLWritable, MLReadable):
         return self._set(verbose=value)
 
     # -- persistence --------------------------------------------------------------------------------------
-    def write(self) -> TorchParamsWriter:
-        """A writer: ``est.write().overwrite().save(path)``; the module goes to ``path/torch.pt``."""
-        return TorchParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> TorchParamsReader:
-        return TorchParamsReader(cls)
-
     def _extra_metadata(self) -> Dict[str, Any]:
         return {}
 

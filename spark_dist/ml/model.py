@@ -12,12 +12,11 @@ from typing import Any, Dict, Iterator, List, Optional
 import pandas as pd
 from pyspark import keyword_only
 from pyspark.ml import Model
-from pyspark.ml.util import MLReadable, MLWritable
 
 from ..errors import ConfigError
 from . import inputs
 from .params import TorchParams
-from .persistence import TorchParamsReader, TorchParamsWriter, dumps, loads
+from .persistence import TorchPersistence, dumps, loads
 
 # Python-worker side: digest -> module, the most recent few (a worker may serve several models).
 _MODULES: "OrderedDict[str, Any]" = OrderedDict()
@@ -103,7 +102,7 @@ def make_predict_udf(key: str, payload: bytes, kind: str, use_gpu: bool, chunk: 
     return pandas_udf(regress, "double" if kind == REGRESS else "array<double>")
 
 
-class TorchModel(Model, TorchParams, MLWritable, MLReadable):
+class TorchModel(Model, TorchParams, TorchPersistence):
     """A trained torch module as a Spark ML Model (made by :meth:`TorchEstimator.fit`, or directly around a
     trained module: ``TorchModel(model=module, featuresCol=..., loss="mse")``).
 
@@ -149,14 +148,6 @@ class TorchModel(Model, TorchParams, MLWritable, MLReadable):
         return self._num_outputs
 
     # -- persistence --------------------------------------------------------------------------------------
-    def write(self) -> TorchParamsWriter:
-        """A writer: ``model.write().overwrite().save(path)``; the module and weights go to ``path/torch.pt``."""
-        return TorchParamsWriter(self)
-
-    @classmethod
-    def read(cls) -> TorchParamsReader:
-        return TorchParamsReader(cls)
-
     def _extra_metadata(self) -> Dict[str, Any]:
         return {"history": self._history, "numFeatures": self._num_features, "numOutputs": self._num_outputs}
 

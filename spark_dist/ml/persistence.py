@@ -21,7 +21,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Tuple
 
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from .params import OBJECT_PARAMS
 
@@ -168,3 +168,16 @@ class TorchParamsReader(MLReader):
 
 
 __all__ = ["TorchParamsWriter", "TorchParamsReader", "dumps", "loads", "write_bytes", "read_bytes"]
+
+
+class TorchPersistence(MLWritable, MLReadable):
+    """``write()`` / ``read()`` for the stages here: params in Spark's metadata, the torch parts in a file of
+    their own (``path/torch.pt``). Stages add what else they keep through ``_extra_metadata``."""
+
+    def write(self) -> TorchParamsWriter:
+        """A writer: ``stage.write().overwrite().save(path)``."""
+        return TorchParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> TorchParamsReader:
+        return TorchParamsReader(cls)
