@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import shutil
 import os
 import sys
 import tempfile
@@ -83,12 +84,9 @@ class Distributor:
             from .resources import local_gpu_addresses
 
             local_gpu_addresses(config.num_processes)
-        if not config.local_mode:
-            if spark is None:
-                raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
-            from .resources import wait_for_slots
-
-            wait_for_slots(spark.sparkContext, config.num_processes, config.slot_wait_timeout, config.use_gpu)
+        if not config.local_mode and spark is None:
+            raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
+        self._wait_for_slots(config, spark)
         handles = {}
         if datasets:
             if spark is None:
@@ -103,28 +101,35 @@ class Distributor:
         started = time.monotonic()
         failures_seen: List[RankFailure] = []
         for attempt in range(config.max_retries + 1):
-            if attempt and not config.local_mode:  # a lost executor may still be coming back
-                from .resources import wait_for_slots
-
-                wait_for_slots(spark.sparkContext, config.num_processes, config.slot_wait_timeout, config.use_gpu)
+            if attempt:  # a lost executor may still be coming back
+                self._wait_for_slots(config, spark)
             remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
             outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
                                spark, remaining).run()
             if outcome.failures is None:
                 self._summary(config, attempt, time.monotonic() - started)
+                if config.checkpoint_dir is None and not config.resume:
+                    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # our per-run default: done with it
                 return outcome.result
             previous, failures_seen = failures_seen, outcome.failures
             if outcome.timed_out:
                 raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
             if attempt < config.max_retries and _worth_retrying(failures_seen, config.num_processes, previous):
                 log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
-                            failures_seen[0].headline())
+                            root_cause(failures_seen).headline())
                 backend = get_backend(config.backend)
                 continue
             raise TrainingFailedError(failures_seen, attempt + 1, config.run_id)
         raise AssertionError("unreachable")
 
     # ----------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _wait_for_slots(config: RunConfig, spark) -> None:
+        if not config.local_mode:
+            from .resources import wait_for_slots
+
+            wait_for_slots(spark.sparkContext, config.num_processes, config.slot_wait_timeout, config.use_gpu)
+
     def _session(self):
         if self._spark is not None:
             return self._spark
@@ -275,6 +280,7 @@ class _Attempt:
             store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
+            backend=config.backend,
         )
         self._store_server = None
         self.store: Optional[SignedStore] = None
@@ -304,6 +310,13 @@ class _Attempt:
             if self.job_error and not self.store.has("abort"):
                 self.store.put("abort", "the Spark job failed")  # supervisors still running stop their ranks
             self._drain_reports()
+        except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
+            self.store.put("abort", "cancelled on the driver")
+            if not self.config.local_mode:
+                self.spark.sparkContext.cancelJobGroup(self.group)
+            thread.join(self.config.abort_grace_period + 5)
+            self._close()
+            raise
         finally:
             self.backend.stop()
         failures = [self.store.get(f"failure/{i}") for i in range(1, self.store.counter("failure_seq", 0) + 1)]

@@ -56,6 +56,7 @@ class LaunchSpec:
     checkpoint_dir: Optional[str] = None
     datasets: Dict[str, Any] = field(default_factory=dict)
     collective_timeout: Optional[float] = None
+    backend: str = "ddp"
 
     @property
     def prefix(self) -> str:
@@ -102,6 +103,7 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]
         return
     rank = assignment.ranks[task.task_index]
     env = assignment.envs[task.task_index]
+    _preload(spec.backend)
     workdir = tempfile.mkdtemp(prefix=f"spark_dist-{spec.run_id}-{spec.attempt}-r{rank.rank}-")
     try:
         child = start_child(spec, rank, env, workdir)
@@ -113,6 +115,15 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]
         yield ("status", task.task_index, outcome)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _preload(backend: str) -> None:
+    """Import the backend's module in this long-lived Python worker, so each forked rank starts with it."""
+    if backend == "horovod":
+        try:
+            import horovod.torch  # noqa: F401
+        except ImportError:
+            pass  # the rank's own import reports it
 
 
 def _read_file(path: str) -> bytes:

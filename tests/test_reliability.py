@@ -258,3 +258,30 @@ def test_a_lost_executor_is_survived_by_a_retry(spark_standalone):
     started = time.monotonic()
     assert Distributor(num_processes=2, max_retries=1, verbose=False).run(kill_my_executor_once) == (1, 2.0)
     assert time.monotonic() - started < 120
+
+
+def record_pid_and_sleep(pid_dir):
+    open(os.path.join(pid_dir, f"rank{get_context().rank}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_ctrl_c_on_the_driver_stops_the_ranks_and_the_job(spark_local, tmp_path):
+    import _thread
+    import threading
+
+    def interrupt_when_both_ranks_run():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _thread.interrupt_main()  # what Ctrl-C (or a notebook's interrupt) does
+
+    threading.Thread(target=interrupt_when_both_ranks_run, daemon=True).start()
+    d = Distributor(num_processes=2, verbose=False)
+    with pytest.raises(KeyboardInterrupt):
+        d.run(record_pid_and_sleep, str(tmp_path))
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    time.sleep(1.0)
+    assert len(pids) == 2
+    assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    assert _leftovers(d.last_run_id) == []
+    assert Distributor(num_processes=2, verbose=False).run(simple_sum) == 1.0  # the session still works

@@ -67,8 +67,9 @@ class HorovodBackend(Backend):
         # scope once all its members are done with it.
         self._server.init(plan)
         port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"horovod-rendezvous-{run_id}",
-                                        daemon=True)
+        # A short poll: shutdown() waits up to one poll interval (0.5 s by default) at the end of every run.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name=f"horovod-rendezvous-{run_id}", daemon=True)
         self._thread.start()
 
         common = {
