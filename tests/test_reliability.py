@@ -285,3 +285,37 @@ def test_ctrl_c_on_the_driver_stops_the_ranks_and_the_job(spark_local, tmp_path)
     assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
     assert _leftovers(d.last_run_id) == []
     assert Distributor(num_processes=2, verbose=False).run(simple_sum) == 1.0  # the session still works
+
+
+# -- the same failures on the standalone cluster: ranks on two executors of their own ------------------------
+def test_standalone_a_killed_rank_resumes_from_its_checkpoint(spark_standalone, tmp_path):
+    test_a_killed_rank_resumes_from_its_checkpoint_with_identical_weights(spark_standalone, tmp_path)
+
+
+def test_standalone_a_rank_that_fails_once_is_retried(spark_standalone):
+    test_a_rank_that_fails_once_is_retried_with_a_new_attempt(spark_standalone)
+
+
+def test_standalone_timeout_names_the_hung_rank(spark_standalone):
+    test_timeout_names_the_rank_that_stopped_answering(spark_standalone)
+
+
+def test_standalone_two_runs_at_once_and_forged_store_values(spark_standalone):
+    import threading
+
+    results = {}
+
+    def launch(name, fn):
+        results[name] = Distributor(num_processes=2, verbose=False).run(fn)
+
+    threads = [threading.Thread(target=launch, args=("sum", simple_sum)),
+               threading.Thread(target=launch, args=("poked", poke_the_store_then_sum))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert results == {"sum": 1.0, "poked": 2.0}
+
+
+def test_standalone_no_rank_process_or_temp_dir_is_left_after_a_failure(spark_standalone, tmp_path):
+    test_after_a_failure_no_rank_process_or_temp_dir_is_left(spark_standalone, tmp_path)
