@@ -3,9 +3,12 @@ import os
 import pickle
 import sys
 
-from .worker import child_main
+from .worker import _die_with_parent, child_main
 
 if __name__ == "__main__":
+    _die_with_parent()
+    if os.getppid() != int(sys.argv[2]):  # the driver died before we could ask to die with it
+        sys.exit(70)
     with open(sys.argv[1], "rb") as f:
         spec, rank, env, workdir = pickle.load(f)
     os.unlink(sys.argv[1])  # it holds the run's secret: read once, then gone

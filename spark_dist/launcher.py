@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
 from .backends import get_backend
-from .config import RunConfig
+from .config import CONF_CHECKPOINT_DIR, RunConfig
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, assign_ranks, bind_listener, host_store
 from .backends.base import torchrun_env
@@ -94,8 +94,7 @@ class Distributor:
             from .data import prepare_datasets
 
             handles = prepare_datasets(spark, datasets, config.num_processes)
-        checkpoint_dir = config.checkpoint_dir or os.path.join(
-            tempfile.gettempdir(), "spark_dist-checkpoints", config.run_id)
+        checkpoint_dir = config.checkpoint_dir or os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
         self.history, self.input_stats = [], []
         self.last_run_id = config.run_id
         started = time.monotonic()
@@ -167,7 +166,7 @@ class Distributor:
                   flush=True)
 
 
-_context_conf_cache: Dict[int, Dict[str, str]] = {}
+_context_conf_cache: Dict[str, Dict[str, str]] = {}
 
 
 def _spark_conf(spark) -> Dict[str, str]:
@@ -177,7 +176,7 @@ def _spark_conf(spark) -> Dict[str, str]:
     if spark is None:
         return {}
     sc = spark.sparkContext
-    key = id(sc._jsc)
+    key = sc.applicationId  # not id(): a stopped context's address may be reused by the next one
     if key not in _context_conf_cache:
         _context_conf_cache.clear()  # one live SparkContext per process
         _context_conf_cache[key] = dict(sc.getConf().getAll())
@@ -193,6 +192,18 @@ def _spark_conf(spark) -> Dict[str, str]:
 
 def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _private_dir(name: str) -> str:
+    """``<tmp>/<name>-<uid>``, created owner-only and checked to be ours: checkpoints are unpickled, so a
+    directory someone else could write to must never hold them."""
+    path = os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ConfigError(f"{path} is not a directory only you can use: set {CONF_CHECKPOINT_DIR} "
+                          "(or checkpoint_dir=) to a directory of your own")
+    return path
 
 
 def _worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
@@ -289,6 +300,7 @@ class _Attempt:
         self.done = threading.Event()
         self.reports_seen = 0
         self.ranks: List[Any] = []  # RankInfo by task index, once assigned
+        self.rendezvous_missing: List[int] = []  # task indexes that never reached the store
 
     def run(self) -> _Outcome:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
@@ -319,7 +331,8 @@ class _Attempt:
             raise
         finally:
             self.backend.stop()
-        failures = [self.store.get(f"failure/{i}") for i in range(1, self.store.counter("failure_seq", 0) + 1)]
+        failures = [self.store.get(f"failure/{i}") for i in range(1, self.store.counter("failure_seq", 0) + 1)
+                    if self.store.has(f"failure/{i}")]  # a counter bumped by a stranger or a killed task
         stacks = {r.rank: self.store.get(f"stack/{r.rank}") for r in self.ranks if self.store.has(f"stack/{r.rank}")}
         self._close()
         if timed_out:
@@ -335,6 +348,13 @@ class _Attempt:
             failures = [_lost_task_failure(self.job_error[0], self.config.driver_host, self.ranks), *failures]
         if failures:
             return _Outcome(failures=failures)
+        if self.rendezvous_missing or not any(r[0] == "result" for r in self.records):
+            missing = ", ".join(map(str, self.rendezvous_missing)) or "none"
+            return _Outcome(failures=[RankFailure(
+                None, self.config.driver_host, "timeout",
+                f"the ranks did not all start within spark.dist.rendezvousTimeout="
+                f"{self.config.rendezvous_timeout:g}s (tasks that never reached the driver's store at "
+                f"{self.config.driver_host}: {missing})")])
         chunks = sorted((r[2], r[3]) for r in self.records if r[0] == "result")
         import cloudpickle
 
@@ -389,14 +409,15 @@ class _Attempt:
         poll = 0.002
         while not self.done.wait(poll):
             now = time.monotonic()
-            if not assigned:
+            if not assigned and abort_at is None:
                 if all(self.store.has(f"task/{i}") for i in range(n)):
                     self._assign([self.store.get(f"task/{i}") for i in range(n)])
                     assigned = True
                     poll = 0.01
-                elif now > rendezvous_deadline and abort_at is None:
+                elif now > rendezvous_deadline:
                     self.store.put("abort", "rendezvous timeout")
                     abort_at = now
+                    self.rendezvous_missing = [i for i in range(n) if not self.store.has(f"task/{i}")]
             else:
                 poll = min(poll * 1.5, 0.1)
             self._drain_reports()

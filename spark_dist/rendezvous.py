@@ -110,17 +110,18 @@ class SignedStore:
     def key(self, name: str) -> str:
         return f"{self._prefix}/{name}"
 
-    def _sign(self, data: bytes) -> bytes:
-        return hmac.new(self._secret, data, hashlib.sha256).digest()
+    def _sign(self, name: str, data: bytes) -> bytes:
+        # The key is signed too: a valid value copied under another key (say, "abort") does not pass.
+        return hmac.new(self._secret, self.key(name).encode() + b"\0" + data, hashlib.sha256).digest()
 
     def put(self, name: str, value) -> None:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        self.raw.set(self.key(name), self._sign(data) + data)
+        self.raw.set(self.key(name), self._sign(name, data) + data)
 
     def get(self, name: str):
         blob = self.raw.get(self.key(name))
         mac, data = blob[:32], blob[32:]
-        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(data)):
+        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(name, data)):
             raise PermissionError(f"store value {name!r} failed its signature check: rejected unread")
         return pickle.loads(data)
 

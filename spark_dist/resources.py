@@ -1,6 +1,7 @@
 """Slots and GPUs: how many barrier tasks the cluster can run at once, and which GPUs a task owns."""
 from __future__ import annotations
 
+import os
 import time
 from typing import List, Sequence
 
@@ -58,6 +59,9 @@ def local_gpu_addresses(count: int) -> List[str]:
             f"use_gpu=True with local_mode=True needs {count} GPUs on the driver, found {available}: "
             "lower num_processes or pass use_gpu=False"
         )
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:  # the driver was given some GPUs: hand those on, not the machine's first ones
+        return [g.strip() for g in visible.split(",")][:count]
     return [str(i) for i in range(count)]
 
 

@@ -303,10 +303,10 @@ def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: 
     payload = os.path.join(workdir, "launch.pkl")
     with open(os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
         pickle.dump((spec, rank, env, workdir), f)
+    # No preexec_fn (unsafe with the driver's threads): the child sets its parent-death signal itself.
     popen = subprocess.Popen(
-        [sys.executable, "-m", "spark_dist._rank_main", payload],
+        [sys.executable, "-m", "spark_dist._rank_main", payload, str(os.getpid())],
         env={**os.environ, **env}, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=_die_with_parent,
     )
     stderr_fd = os.dup(popen.stderr.fileno())
     popen.stderr.close()

@@ -73,3 +73,15 @@ def test_signed_store_rejects_forged_values_before_unpickling():
     # The store owned the listening socket: nothing listens on its port any more.
     listening = {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert port not in listening
+
+
+def test_a_signed_value_copied_under_another_key_is_refused():
+    server, port = host_store("127.0.0.1", 10)
+    try:
+        ours = SignedStore(join_store("127.0.0.1", port, 10), b"s" * 32, "run")
+        ours.put("task/0", TaskInfo(0, "h"))
+        raw = join_store("127.0.0.1", port, 10)
+        raw.set("run/abort", raw.get("run/task/0"))  # a valid blob, replayed as an abort
+        assert ours.has("task/0") and not ours.has("abort")
+    finally:
+        del server
