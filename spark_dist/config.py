@@ -52,6 +52,15 @@ def _conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
     return seconds
 
 
+def slot_wait_timeout(conf: Mapping[str, str]) -> float:
+    """Seconds to wait for enough task slots (conf ``spark.dist.slotWaitTimeout``, default 30).
+
+    Raises:
+        ConfigError: the value is not a positive number of seconds.
+    """
+    return _conf_seconds(conf, CONF_SLOT_WAIT, 30.0)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one ``Distributor.run`` needs to know, checked once."""
@@ -144,7 +153,7 @@ class RunConfig:
             resume=run_id is not None,
             checkpoint_dir=checkpoint_dir,
             driver_host=driver_host,
-            slot_wait_timeout=_conf_seconds(conf, CONF_SLOT_WAIT, 30.0),
+            slot_wait_timeout=slot_wait_timeout(conf),
             rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
             collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,

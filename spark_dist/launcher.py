@@ -287,7 +287,7 @@ class _Attempt:
         self._listener = bind_listener(config.driver_host)
         port = self._listener.getsockname()[1]
         self.spec = LaunchSpec(
-            run_id=config.run_id, attempt=attempt, num_tasks=config.num_processes,
+            run_id=config.run_id, attempt=attempt,
             store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,

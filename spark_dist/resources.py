@@ -18,12 +18,15 @@ def cluster_task_slots(sc) -> int:
 
 def wait_for_slots(sc, needed: int, timeout: float, use_gpu: bool) -> int:
     """Return the slot count once it reaches ``needed``; executors may still be registering, so wait up
-    to ``timeout`` seconds rather than fail at once, but never Spark's own 10-minute barrier wait.
+    to ``timeout`` seconds rather than fail at once (not on a ``local[N]`` master, whose slots are all there
+    from the start), but never Spark's own 10-minute barrier wait.
 
     Raises:
         ConfigError: the cluster has fewer slots than ``num_processes`` after ``timeout`` seconds.
     """
-    deadline = time.monotonic() + timeout
+    # A local[N] master has all its slots from the start: waiting would only delay the error.
+    local = sc.master == "local" or sc.master.startswith("local[")
+    deadline = time.monotonic() + (0 if local else timeout)
     slots = cluster_task_slots(sc)
     while slots < needed and time.monotonic() < deadline:
         time.sleep(0.25)

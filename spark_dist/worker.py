@@ -46,7 +46,6 @@ class LaunchSpec:
 
     run_id: str
     attempt: int
-    num_tasks: int
     store_host: str
     store_port: int
     job_bytes: bytes = field(repr=False)

@@ -202,22 +202,11 @@ def check_slots(spark, needed: int, use_gpu: bool) -> None:
     Raises:
         ConfigError: too few task slots; the message names ``numProcesses``.
     """
-    from ..resources import cluster_task_slots, wait_for_slots
+    from ..config import slot_wait_timeout
+    from ..launcher import _spark_conf
+    from ..resources import wait_for_slots
 
-    sc = spark.sparkContext
-    slots = cluster_task_slots(sc)
-    if slots >= needed:
-        return
-    master = sc.master
-    unit = "GPU task slots" if use_gpu else "task slots"
-    if master == "local" or master.startswith("local["):
-        raise ConfigError(f"numProcesses={needed} but master {master} has {slots} {unit}: lower numProcesses")
-    text = spark.conf.get("spark.dist.slotWaitTimeout", None) or sc.getConf().get("spark.dist.slotWaitTimeout", "30")
     try:
-        timeout = float(str(text).strip().lower().rstrip("s"))
-    except ValueError:
-        timeout = 30.0
-    try:
-        wait_for_slots(sc, needed, timeout, use_gpu)
+        wait_for_slots(spark.sparkContext, needed, slot_wait_timeout(_spark_conf(spark)), use_gpu)
     except ConfigError as exc:
         raise ConfigError(f"numProcesses={needed}: {exc}") from None
