@@ -89,11 +89,7 @@ class Distributor:
         self._wait_for_slots(config, spark)
         handles = {}
         if datasets:
-            if spark is None:
-                raise ConfigError("datasets= needs an active SparkSession")
-            from .data import prepare_datasets
-
-            handles = prepare_datasets(spark, datasets, config.num_processes)
+            handles = _prepared(spark, datasets, config.num_processes)
         checkpoint_dir = config.checkpoint_dir or os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
         self.history, self.input_stats = [], []
         self.last_run_id = config.run_id
@@ -188,6 +184,22 @@ def _spark_conf(spark) -> Dict[str, str]:
         if value is not None:
             conf[name] = value
     return conf
+
+
+def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
+    """Dataset handles for the ranks: DataFrames are materialised (which needs Spark); handles that
+    ``prepare_datasets`` returned before pass through, so a local-mode run needs no SparkSession for them."""
+    from .data import DatasetHandle
+
+    if spark is None:
+        if not isinstance(datasets, dict) or not all(isinstance(d, DatasetHandle) for d in datasets.values()):
+            raise ConfigError("datasets= holding DataFrames needs an active SparkSession")
+        if any(d.num_rows < num_ranks for d in datasets.values()):
+            raise ConfigError(f"datasets=: a dataset has fewer rows than num_processes={num_ranks}")
+        return dict(datasets)
+    from .data import prepare_datasets
+
+    return prepare_datasets(spark, datasets, num_ranks)
 
 
 def _fmt(value) -> str:

@@ -2,7 +2,8 @@
 
 The task joins the driver's store, publishes where it runs, reads its rank, then runs the training code in
 a child process and supervises it. Spark tasks *fork* the child from the reused Python worker, where
-torch is already imported (a fresh ``import torch`` costs ~1.65 s); local mode spawns a fresh interpreter.
+torch is already imported (a fresh ``import torch`` costs ~1.65 s; a worker that has initialised CUDA spawns
+instead); local mode spawns a fresh interpreter.
 The child is its own process group, dies with its parent (PR_SET_PDEATHSIG) and is killed by the supervisor
 as soon as any rank's failure sets the run's abort key, so a rank blocked in a collective never hangs the run.
 """
@@ -123,6 +124,20 @@ def _preload(backend: str) -> None:
             import horovod.torch  # noqa: F401
         except ImportError:
             pass  # the rank's own import reports it
+
+
+def _unsafe_to_fork() -> bool:
+    """A forked rank cannot use CUDA once this worker has initialised it; and ranks forked from a worker that
+    has imported torch._dynamo were seen to hang now and then (1 run in ~5 here), so spawn for those too."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    if "torch._dynamo" in sys.modules:
+        return True
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 -- a torch without CUDA support
+        return False
 
 
 def _read_file(path: str) -> bytes:
@@ -271,7 +286,10 @@ def _die_with_parent() -> None:
 
 
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
-    """Fork the rank from this (warm) Python worker."""
+    """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
+    has initialised CUDA (a GPU ``transform`` ran here, say) or imported torch._dynamo."""
+    if _unsafe_to_fork():
+        return spawn_child(spec, rank, env, workdir)
     sys.stdout.flush()
     sys.stderr.flush()
     read_fd, write_fd = os.pipe()

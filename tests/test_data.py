@@ -13,7 +13,7 @@ import torch
 
 from spark_dist.data import (CACHE_DIR_CONF, DatasetError, DatasetHandle, clear_cache, make_loader,
                              prepare_datasets)
-from spark_dist.data.handle import describe_files, local_path
+from spark_dist.data.handle import ColumnStats, describe_files, local_path
 from spark_dist.data.loader import shard_pieces
 
 pyspark = pytest.importorskip("pyspark")
@@ -108,7 +108,8 @@ def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, 
         path = tmp_path / f"part-{f}.parquet"
         pq.write_table(pa.table({"id": ids[lo:hi], "vec": vec[lo:hi]}), path, row_group_size=group)
         urls.append(f"file://{path}")
-    handle = describe_files("small", f"file://{tmp_path}", urls, {"id": "scalar", "vec": "vector"}, {"vec": 3})
+    handle = describe_files("small", f"file://{tmp_path}", urls, {"id": "scalar", "vec": "vector"},
+                            {"vec": ColumnStats(length=3)})
 
     per_rank = rank_batches(handle, 3, batch_size=32, shuffle=shuffle, drop_last=drop_last, seed=3, epoch=2)
     assert len({len(b) for b in per_rank}) == 1 and len(per_rank[0]) == (20 if drop_last else 21)
@@ -339,3 +340,51 @@ def test_executors_on_this_host_write_and_read_a_file_cache(spark_local_cluster)
 
     shards = spark.sparkContext.parallelize([(handle, 0), (handle, 1)], 2).map(_rank_ids).collect()
     assert [len(s) for s in shards] == [500, 500] and set(shards[0]) | set(shards[1]) == set(range(1000))
+
+
+# -- one job per DataFrame: the write measures what the checks need ---------------------------------------------
+def jobs_started(spark):
+    """How many Spark jobs the application has started so far (every thread's)."""
+    return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
+
+
+def test_a_new_dataframe_costs_one_job_which_also_measures_it(spark_local):
+    df = spark_local.range(0, 90, numPartitions=3).select(
+        "id", (F.col("id") / 4).alias("quarter"), F.array("id", "id", "id").alias("a"))
+    before = jobs_started(spark_local)
+    handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2)["d"]
+    assert jobs_started(spark_local) - before == 1   # the write; no count job, no aggregation job
+    assert handle.num_rows == 90
+    assert handle.column("id").stats == ColumnStats(minimum=0.0, maximum=89.0, non_integers=0)
+    quarter = handle.column("quarter").stats     # measured before the cache narrowed it to float32
+    assert (quarter.minimum, quarter.maximum, quarter.non_integers) == (0.0, 22.25, 90 - 23)
+    assert handle.column("a").length == 3
+
+    again = prepare_datasets(spark_local, {"same": df, "handle": handle}, num_ranks=2)
+    assert jobs_started(spark_local) - before == 1   # the same plan, and a handle, cost nothing more
+    assert again["handle"].file_urls == again["same"].file_urls == handle.file_urls
+    assert again["handle"].name == "handle"
+
+
+def test_a_cache_the_user_made_with_petastorm_is_read_and_kept(spark_local, tmp_path):
+    from petastorm.spark import make_spark_converter
+
+    spark_local.conf.set(CACHE_DIR_CONF, f"file://{tmp_path}")
+    try:
+        df = spark_local.range(40).select("id", F.array("id", "id").alias("a"))
+        users = make_spark_converter(df)
+        handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2)["d"]
+        assert handle.cache_dir_url == users.cache_dir_url and handle.num_rows == 40
+        assert handle.column("a").length == 2 and handle.column("id").stats.maximum == 39.0  # measured again
+        clear_cache(spark_local)
+        assert os.path.isdir(local_path(users.cache_dir_url))   # the user's cache: never deleted by us
+        users.delete()
+    finally:
+        spark_local.conf.unset(CACHE_DIR_CONF)
+
+
+def test_dataset_errors_keep_their_dataset_and_column_across_processes():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(DatasetError("dataset 'd': column 'x' has 1 null values", "d", "x")))
+    assert (str(err), err.dataset, err.column) == ("dataset 'd': column 'x' has 1 null values", "d", "x")

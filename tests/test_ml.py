@@ -282,13 +282,25 @@ def bad_inputs(spark):
             r"model cannot take a \[batch, 2\]"),
         "fraction and column": (TorchEstimator(model=mlp(), validationFraction=0.1, validationCol="label"), df,
                                 "validationCol='label' and validationFraction=0.1"),
+        "null labels": (TorchEstimator(model=mlp()),
+                        df.withColumn("label", F.when(F.col("label") != 3, F.col("label"))),
+                        "labelCol: dataset 'train': column 'label' has 183 null values"),
+        "features of unequal width": (TorchEstimator(model=mlp()),
+                                      df.withColumn("features", F.slice("features", 1, F.col("label") + 60)),
+                                      "featuresCol: dataset 'train': column 'features' holds arrays of unequal "
+                                      "length"),
+        "no validation rows": (TorchEstimator(model=mlp(), validationCol="is_val"),
+                               df.withColumn("is_val", F.col("label") > 9),
+                               r"validationCol='is_val' \(the validation rows\): dataset 'val': the DataFrame is "
+                               "empty"),
     }
 
 
 @pytest.mark.parametrize("case", ["model not set", "missing feature column", "missing label column",
                                   "non-numeric feature column", "labels out of range", "too many processes",
                                   "model and features disagree", "model and feature columns disagree",
-                                  "fraction and column"])
+                                  "fraction and column", "null labels", "features of unequal width",
+                                  "no validation rows"])
 def test_bad_input_is_named_before_any_training_job(spark_local, case):
     est, df, message = bad_inputs(spark_local)[case]
     sc = spark_local.sparkContext
@@ -300,10 +312,11 @@ def test_bad_input_is_named_before_any_training_job(spark_local, case):
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
     jobs = sc.statusTracker().getJobIdsForGroup(group)
-    # Schema errors: no job at all. Others: at most the one aggregation over labels and feature sizes (two
-    # jobs under adaptive execution, which runs the shuffle stage as a job of its own); never a dataset or
-    # training job.
-    assert len(jobs) <= (2 if case in ("labels out of range", "model and features disagree") else 0)
+    # Schema errors: no job at all. The others: only the job that writes the dataset cache and measures the
+    # label range and feature width as it goes; never a training job.
+    measured = ("labels out of range", "model and features disagree", "null labels", "features of unequal width",
+                "no validation rows")
+    assert len(jobs) <= ((2 if case == "no validation rows" else 1) if case in measured else 0)
 
 
 def test_bad_param_values_are_named():
@@ -344,3 +357,4 @@ def test_a_python_worker_unpickles_each_module_once():
     for i in range(model_module._MODULES_KEPT + 1):
         model_module.worker_module(f"other{i}", payload, False)
     assert "k" not in model_module._MODULES  # only the most recent few stay
+

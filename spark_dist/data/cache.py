@@ -15,13 +15,14 @@ import shutil
 import socket
 import tempfile
 import threading
+import uuid
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional
 from urllib.parse import urlparse
 
-from .handle import ARRAY, SCALAR, VECTOR, DatasetError, DatasetHandle, describe_files
+from .handle import (ARRAY, SCALAR, VECTOR, ColumnStats, DatasetError, DatasetHandle, describe_files,
+                     open_parquet)
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
@@ -160,106 +161,176 @@ def _check_reachable(spark, parent_url: str) -> None:
                        parent_url, CACHE_DIR_CONF)
 
 
-@contextmanager
-def _petastorm_conf(spark, url: str):
-    """Petastorm reads the cache dir from the session's conf only: set it for the call, then put back what
-    the user had (it reads the session ``SparkSession.builder.getOrCreate()`` returns, so set that too)."""
-    from pyspark.sql import SparkSession
+# -- materialise, checking the values on the way (one Spark job) --------------------------------------------
+def _value_exprs(df_schema, kinds: Dict[str, str]) -> list:
+    """Aggregations that check a dataset's values: row count; per column nulls; for arrays and vectors the
+    min/max length and rows holding null elements; for numbers min/max (and non-integers when floating),
+    which is what callers check labels against."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
-    sessions = [spark]
-    active = SparkSession.builder.getOrCreate()
-    if active is not spark:
-        sessions.append(active)
-    saved = [(s, s.conf.get(CACHE_DIR_CONF, None)) for s in sessions]
-    for s in sessions:
-        s.conf.set(CACHE_DIR_CONF, url)
-    try:
-        yield
-    finally:
-        for s, old in saved:
-            if old is None:
-                s.conf.unset(CACHE_DIR_CONF)
-            else:
-                s.conf.set(CACHE_DIR_CONF, old)
+    exprs = [F.count(F.lit(1)).alias("rows")]
+    nullable = {f.name: f.nullable for f in df_schema.fields}
+    types = {f.name: f.dataType for f in df_schema.fields}
+    for i, (column, kind) in enumerate(kinds.items()):
+        col = F.col(_quoted(column))
+        if nullable[column] or kind == VECTOR:
+            exprs.append(F.sum(col.isNull().cast("long")).alias(f"null{i}"))
+        if kind == SCALAR:
+            value = col.cast("double")
+            exprs += [F.min(value).alias(f"lo{i}"), F.max(value).alias(f"hi{i}")]
+            if isinstance(types[column], (T.FloatType, T.DoubleType)):
+                exprs.append(F.sum((value != F.floor(value)).cast("long")).alias(f"frac{i}"))
+        else:
+            size = F.when(col.isNotNull(), F.size(col))
+            exprs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}"),
+                      F.sum(F.exists(col, lambda x: x.isNull()).cast("long")).alias(f"inner{i}")]
+    return exprs
 
 
-# -- materialise and check the values (Spark jobs) ----------------------------------------------------------
-def _materialise(spark, df, kinds: Dict[str, str], parent_url: str):
-    """Returns ``(converter, owned)``: ``owned`` is False when Petastorm returned a cache made before."""
-    from petastorm.spark import make_spark_converter
-    from petastorm.spark import spark_dataset_converter as psc
+def _with_arrays(df, kinds: Dict[str, str]):
+    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
     for column, kind in kinds.items():
-        if kind == VECTOR:  # dense float32 arrays in the cache: sparse vectors would not reshape per batch
+        if kind == VECTOR:
             df = df.withColumn(column, vector_to_array(F.col(_quoted(column)), "float32"))
+    return df
+
+
+def _users_petastorm_cache(df, parent_url: str) -> Optional[str]:
+    """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (with
+    the settings we use), which we read but never delete."""
+    from petastorm.spark import spark_dataset_converter as psc
+
+    plan = df._jdf.queryExecution().analyzed()
     with psc._cache_df_meta_list_lock:
-        before = {m.cache_dir_url for m in psc._cache_df_meta_list}
+        for meta in psc._cache_df_meta_list:
+            if (meta.row_group_size == psc.DEFAULT_ROW_GROUP_SIZE_BYTES and meta.compression_codec == "uncompressed"
+                    and meta.dtype == "float32" and meta.parent_cache_dir_url == parent_url
+                    and meta.df_plan.sameResult(plan)):
+                return meta.cache_dir_url
+    return None
+
+
+def _cache_files(spark, url: str) -> List[str]:
+    """The Parquet files of a cache directory, listed through Spark's Hadoop filesystem (any scheme Spark
+    wrote it with), as ``scheme://path`` URLs; no Spark job."""
+    sc = spark.sparkContext
+    jpath = sc._jvm.org.apache.hadoop.fs.Path(url)
+    fs = jpath.getFileSystem(sc._jsc.hadoopConfiguration())
+    files = []
+    for status in fs.listStatus(jpath):
+        name = status.getPath().getName()
+        if status.isFile() and name.endswith(".parquet") and not name.startswith(("_", ".")):
+            file_url = status.getPath().toUri().toString()
+            files.append("file://" + file_url[len("file:"):] if file_url.startswith("file:/") and
+                         not file_url.startswith("file://") else file_url)
+    return files
+
+
+def _materialise(spark, df, kinds: Dict[str, str], parent_url: str):
+    """Write ``df`` as a Petastorm cache and measure its values in the same job (``DataFrame.observe``).
+
+    Returns ``(converter, owned, stats)``: ``owned`` is False when the user's own Petastorm converter had
+    already made this cache (then nothing is written and ``stats`` is ``None``: the caller aggregates).
+    Writes the way ``make_spark_converter`` does (row groups, no compression, doubles as float32), but skips
+    its second job, a full ``count()`` of what was just written: the Parquet footers hold the row counts.
+    """
+    from petastorm.spark import spark_dataset_converter as psc
+    from pyspark.sql import Observation
+
+    existing = _users_petastorm_cache(df, parent_url)
+    if existing is not None:
+        files = _cache_files(spark, existing)
+        return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
+    df = _with_arrays(df, kinds)
+    observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
+    observed = df.observe(observation, *_value_exprs(df.schema, kinds))
     quiet = _QuietPetastorm()
     psc.logger.addFilter(quiet)
     try:
-        with _petastorm_conf(spark, parent_url):
-            # dtype float32: doubles (and vectors) are stored as float32, what the loader yields by default.
-            converter = make_spark_converter(df, dtype="float32")
+        url = psc._materialize_df(observed, parent_url, psc.DEFAULT_ROW_GROUP_SIZE_BYTES, "uncompressed",
+                                  "float32")
     finally:
         psc.logger.removeFilter(quiet)
-    logger.info("spark_dist: materialised %d rows in %d files at %s", len(converter), len(converter.file_urls),
-                converter.cache_dir_url)
-    return converter, converter.cache_dir_url not in before
+    files = _cache_files(spark, url)
+    converter = psc.SparkDatasetConverter(url, files, _row_count(files))
+    logger.info("spark_dist: materialised %d rows in %d files at %s", len(converter), len(files), url)
+    return converter, True, _observed(observation)
+
+
+def _row_count(file_urls) -> int:
+    return sum(open_parquet(url).metadata.num_rows for url in file_urls)
+
+
+def _observed(observation, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
+    """The observed metrics, or ``None`` if they do not come (they travel by Spark's listener bus after the
+    write returns; ``Observation.get`` alone would wait forever were an event ever dropped)."""
+    got: Dict[str, Any] = {}
+    reader = threading.Thread(target=lambda: got.update(observation.get), daemon=True,
+                              name="spark_dist-observation")
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive() or not got:
+        logger.warning("spark_dist: the dataset checks measured during the write did not arrive within %.0f s; "
+                       "measuring them again over the cache", timeout)
+        return None
+    return got
 
 
 class _QuietPetastorm(logging.Filter):
-    """Petastorm warns on every call that it converts doubles to float32 (documented here) and that files
-    under 50 MB are small (its reader's concern: ours splits by row, whatever the file sizes)."""
+    """Petastorm warns on every call that it converts doubles to float32 (documented here)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = str(record.msg)
-        return not (msg.startswith("Converting floating-point") or msg.startswith("The median size"))
+        return not str(record.msg).startswith("Converting floating-point")
 
 
-def _check_values(spark, name: str, df_schema, converter, kinds: Dict[str, str],
-                  num_ranks: int) -> Dict[str, Optional[int]]:
-    """Row count, nulls and array lengths, in one aggregation over the cache (not the source, which may be
-    costly to evaluate twice). Returns ``{column: length}`` for array and vector columns."""
-    from pyspark.sql import functions as F
+def _aggregate_cache(spark, converter, df_schema, kinds: Dict[str, str]) -> Dict[str, Any]:
+    """The same measures as the write observes, over a cache made before (one aggregation job)."""
+    return spark.read.parquet(converter.cache_dir_url).agg(*_value_exprs(df_schema, kinds)).first().asDict()
 
-    rows = len(converter)
+
+def _enough_rows(name: str, rows: int, num_ranks: int) -> None:
     if rows == 0:
-        raise DatasetError(f"dataset {name!r}: the DataFrame is empty; check the filter or source that made it")
+        raise DatasetError(f"dataset {name!r}: the DataFrame is empty; check the filter or source that made it",
+                           name)
     if rows < num_ranks:
         raise DatasetError(f"dataset {name!r} has {rows} rows, fewer than the {num_ranks} ranks: every rank "
-                           "needs at least one row; use fewer processes or more data")
-    nullable = {f.name: f.nullable for f in df_schema.fields}
-    aggs, cdf = [], spark.read.parquet(converter.cache_dir_url)
-    for i, (column, kind) in enumerate(kinds.items()):
-        col = F.col(_quoted(column))
-        if nullable[column] or kind == VECTOR:
-            aggs.append(F.sum(col.isNull().cast("long")).alias(f"null{i}"))
-        if kind != SCALAR:
-            size = F.when(col.isNotNull(), F.size(col))
-            aggs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}"),
-                     F.sum(F.exists(col, lambda x: x.isNull()).cast("long")).alias(f"inner{i}")]
-    stats = cdf.agg(*aggs).first().asDict() if aggs else {}
-    lengths: Dict[str, Optional[int]] = {}
+                           "needs at least one row; use fewer processes or more data", name)
+
+
+def _judge(name: str, stats: Dict[str, Any], rows: int, kinds: Dict[str, str],
+           num_ranks: int) -> Dict[str, ColumnStats]:
+    """Turn the measures into errors (naming the dataset and column) or into each column's stats.
+
+    Raises:
+        DatasetError: no rows, fewer rows than ranks, nulls, null elements, or arrays of unequal or no length.
+    """
+    _enough_rows(name, rows, num_ranks)
+    described: Dict[str, ColumnStats] = {}
     for i, (column, kind) in enumerate(kinds.items()):
         where = f"dataset {name!r}: column {column!r}"
         if stats.get(f"null{i}"):
             raise DatasetError(f"{where} has {stats[f'null{i}']} null values; drop or fill them first, "
-                               f"e.g. df.na.drop(subset=[{column!r}])")
+                               f"e.g. df.na.drop(subset=[{column!r}])", name, column)
         if kind == SCALAR:
+            described[column] = ColumnStats(minimum=stats[f"lo{i}"], maximum=stats[f"hi{i}"],
+                                            non_integers=int(stats.get(f"frac{i}") or 0))
             continue
         if stats.get(f"inner{i}"):
             raise DatasetError(f"{where} has {stats[f'inner{i}']} arrays holding null elements; "
-                               "fill them first (e.g. F.transform(col, lambda x: F.coalesce(x, F.lit(0.0))))")
+                               "fill them first (e.g. F.transform(col, lambda x: F.coalesce(x, F.lit(0.0))))",
+                               name, column)
         lo, hi = stats[f"min{i}"], stats[f"max{i}"]
         if lo != hi:
             raise DatasetError(f"{where} holds {kind}s of unequal length (from {lo} to {hi}); a batch needs one "
-                               "length per column: pad or truncate them first (e.g. F.slice)")
+                               "length per column: pad or truncate them first (e.g. F.slice)", name, column)
         if lo == 0:
-            raise DatasetError(f"{where} holds only empty {kind}s")
-        lengths[column] = int(lo)
-    return lengths
+            raise DatasetError(f"{where} holds only empty {kind}s", name, column)
+        described[column] = ColumnStats(length=int(lo))
+    return described
 
 
 def _delete(entry: _Entry) -> None:
@@ -273,11 +344,14 @@ def _delete(entry: _Entry) -> None:
 
 # -- the public functions ------------------------------------------------------------------------------------
 def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, DatasetHandle]:
-    """Materialise each DataFrame once through Petastorm's Spark converter and describe it for the ranks.
+    """Materialise each DataFrame once as a Petastorm cache and describe it for the ranks.
 
-    All schemas are checked before any Spark job. A DataFrame passed again (the same plan, as Spark's
-    ``sameResult`` judges) reuses its cache without a job. Vector columns are stored as float32 arrays and
-    doubles as float32. The caches are deleted by :func:`clear_cache`, when the SparkContext stops, or
+    All schemas are checked before any Spark job. Each new DataFrame then costs one Spark job: the write,
+    which also measures the values it checks (``DataFrame.observe``), so a bad value is refused before any
+    training job. A DataFrame passed again (the same plan, as Spark's ``sameResult`` judges) reuses its cache
+    without a job, and a :class:`DatasetHandle` this function returned passes through as it is. Vector
+    columns are stored as float32 arrays and doubles as float32; each handle's column stats hold the lengths
+    and value ranges measured before that narrowing. The caches are deleted by :func:`clear_cache`, when the SparkContext stops, or
     when this process exits.
 
     The cache goes under ``petastorm.spark.converter.parentCacheDirUrl`` when set, else under a new
@@ -290,7 +364,7 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
             DataFrame, fewer rows than ``num_ranks``, nulls in a column, arrays or vectors of unequal length
             or empty, a cache dir URL without a scheme, or a ``file://`` cache while executors run on other
             hosts. Each message names the dataset and the column or conf key.
-        TypeError: ``datasets`` is not a dict of name -> DataFrame.
+        TypeError: ``datasets`` is not a dict of name -> DataFrame (or DatasetHandle).
         ValueError: ``num_ranks`` < 1.
     """
     from pyspark.sql import DataFrame
@@ -301,6 +375,8 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
         raise ValueError(f"num_ranks={num_ranks}: need at least 1")
     kinds = {}
     for name, df in datasets.items():
+        if isinstance(df, DatasetHandle):
+            continue
         if not isinstance(df, DataFrame):
             raise TypeError(f"datasets[{name!r}] must be a pyspark.sql.DataFrame, got {type(df).__name__}")
         kinds[name] = column_kinds(name, df)
@@ -310,6 +386,10 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
     app_id = spark.sparkContext.applicationId
     handles = {}
     for name, df in datasets.items():
+        if isinstance(df, DatasetHandle):
+            _enough_rows(name, df.num_rows, num_ranks)
+            handles[name] = replace(df, name=name)
+            continue
         plan = df._jdf.queryExecution().analyzed()
         with _lock:
             hit = next((e for e in _entries if e.app_id == app_id and e.parent_url == parent_url
@@ -318,16 +398,17 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
             with _lock:  # most recently used last
                 _entries.remove(hit)
                 _entries.append(hit)
-            if hit.handle.num_rows < num_ranks:
-                raise DatasetError(f"dataset {name!r} has {hit.handle.num_rows} rows, fewer than the "
-                                   f"{num_ranks} ranks: use fewer processes or more data")
+            _enough_rows(name, hit.handle.num_rows, num_ranks)
             handles[name] = replace(hit.handle, name=name)
             continue
-        converter, owned = _materialise(spark, df, kinds[name], parent_url)
+        converter, owned, stats = _materialise(spark, df, kinds[name], parent_url)
         entry = _Entry(app_id, parent_url, plan, converter, None, owned)  # type: ignore[arg-type]
         try:
-            lengths = _check_values(spark, name, df.schema, converter, kinds[name], num_ranks)
-            entry.handle = describe_files(name, converter.cache_dir_url, converter.file_urls, kinds[name], lengths)
+            if stats is None:
+                stats = _aggregate_cache(spark, converter, df.schema, kinds[name])
+            described = _judge(name, stats, len(converter), kinds[name], num_ranks)
+            entry.handle = describe_files(name, converter.cache_dir_url, converter.file_urls, kinds[name],
+                                          described)
         except BaseException:
             _delete(entry)
             raise

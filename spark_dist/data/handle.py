@@ -10,7 +10,32 @@ SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
 
 
 class DatasetError(ValueError):
-    """A dataset cannot be used for training; the message names the dataset, the column and what to change."""
+    """A dataset cannot be used for training; the message names the dataset, the column and what to change.
+
+    ``dataset`` and ``column`` say which, where the error is about one (else ``None``), so that a caller can
+    name its own Param for them.
+    """
+
+    def __init__(self, message: str, dataset: Optional[str] = None, column: Optional[str] = None):
+        super().__init__(message)
+        self.dataset, self.column = dataset, column
+
+    def __reduce__(self):  # keep dataset and column when a rank's error travels to the driver
+        return type(self), (str(self), self.dataset, self.column)
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """What the driver measured of one column while materialising it (before the float32 narrowing).
+
+    ``length``: values per row of an array or vector column. ``minimum``, ``maximum``: the range of a number
+    column (``None`` when it has no rows), ``non_integers``: how many of its values have a fraction.
+    """
+
+    length: Optional[int] = None
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    non_integers: int = 0
 
 
 @dataclass(frozen=True)
@@ -18,14 +43,19 @@ class ColumnInfo:
     """One column of a cached dataset.
 
     ``kind`` is ``"scalar"``, ``"array"`` or ``"vector"`` (an ML vector, stored densely as an array);
-    ``length`` is the number of values per row of an array or vector column (``None`` for scalars);
-    ``dtype`` is the numpy dtype of the values in the cache (``"float32"``, ``"int64"``, ...).
+    ``dtype`` is the numpy dtype of the values in the cache (``"float32"``, ``"int64"``, ...);
+    ``stats`` holds the length of an array or vector column, the range of a number column.
     """
 
     name: str
     kind: str
     dtype: str
-    length: Optional[int] = None
+    stats: ColumnStats = ColumnStats()
+
+    @property
+    def length(self) -> Optional[int]:
+        """Values per row of an array or vector column (``None`` for numbers)."""
+        return self.stats.length
 
 
 @dataclass(frozen=True)
@@ -84,10 +114,10 @@ def open_parquet(url: str):
 
 
 def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
-                   kinds: Dict[str, str], lengths: Dict[str, Optional[int]]) -> DatasetHandle:
+                   kinds: Dict[str, str], stats: Dict[str, ColumnStats]) -> DatasetHandle:
     """Build the handle of Parquet files from their footers (row groups, value types).
 
-    ``kinds`` and ``lengths`` come from the driver's schema check and aggregation; the value dtypes are read
+    ``kinds`` and ``stats`` come from the driver's schema check and measures; the value dtypes are read
     from the files themselves, because the Petastorm converter may have narrowed them (double -> float).
     """
     import numpy as np
@@ -106,6 +136,6 @@ def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
                 while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
                     t = t.value_type
                 dtypes[field.name] = np.dtype(t.to_pandas_dtype()).name
-    columns = tuple(ColumnInfo(c, kinds[c], dtypes[c], lengths.get(c)) for c in kinds)
+    columns = tuple(ColumnInfo(c, kinds[c], dtypes[c], stats.get(c, ColumnStats())) for c in kinds)
     return DatasetHandle(name=name, cache_dir_url=cache_dir_url, file_urls=urls,
                          row_group_rows=tuple(row_groups), num_rows=total, columns=columns)

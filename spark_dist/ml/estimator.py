@@ -49,9 +49,11 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     DataFrame fitted again (the same plan, e.g. every grid point of one fold) reuses its Petastorm cache.
 
     ``fit`` raises :class:`spark_dist.ConfigError` (a ``ValueError``) before any training job when ``model``
-    is not set, a feature or label column is missing or not numeric, labels do not fit the model's outputs
-    (one cheap aggregation), ``numProcesses`` exceeds the cluster's task slots, or the backend is not
-    installed; each message names the Param or column. A failure inside training raises
+    is not set, a feature or label column is missing or not numeric, ``numProcesses`` exceeds the cluster's
+    task slots, or the backend is not installed (these before any Spark job at all); or when labels do not
+    fit the model's outputs, a column holds nulls or vectors of unequal length, or there are fewer rows than
+    processes (these measured by the one job that writes the dataset cache). Each message names the Param
+    or column. A failure inside training raises
     :class:`spark_dist.TrainingFailedError` naming the rank.
     """
 
@@ -153,12 +155,6 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
 
         # The model meets the feature width before any job when the schema tells the width.
         outputs = inputs.model_outputs(module, features.width) if features.width else None
-        stats = inputs.aggregate(dataset, features, label, label_kind, loss)
-        width = inputs.feature_width(features, stats)
-        if outputs is None:
-            outputs = inputs.model_outputs(module, width)
-        inputs.check_label_values(label, loss, outputs, stats)
-
         columns = [F.col(inputs.quoted(c)) for c in (*features.columns, label)]
         if validation_col:
             flag = F.col(inputs.quoted(validation_col)).cast("boolean")
@@ -169,6 +165,15 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
             datasets = {"train": train_df, "val": val_df}
         else:
             datasets = {"train": dataset.select(columns)}
+        # One Spark job per DataFrame: the cache write, which also measures the label range and the feature
+        # width that the checks below need.
+        validation = (f"validationCol={validation_col!r}" if validation_col
+                      else f"validationFraction={fraction:g}")
+        handles = inputs.prepare(spark, datasets, self.getNumProcesses(), features, label, validation)
+        width = inputs.feature_width(features, handles)
+        if outputs is None:
+            outputs = inputs.model_outputs(module, width)
+        inputs.check_label_values(label, loss, label_kind, outputs, handles)
 
         spec = TrainSpec(
             objects=dumps({"model": module, "loss": loss, "optimizer": self.getOptimizer()}),
@@ -176,10 +181,10 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
             stack_features=features.stacked, label_column=label, batch_size=self.getBatchSize(),
             epochs=self.getEpochs(), learning_rate=self.getLearningRate(),
             scale_learning_rate=self.getScaleLearningRate(), warmup_epochs=self.getWarmupEpochs(),
-            backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in datasets)
+            backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in handles)
         distributor = Distributor(num_processes=self.getNumProcesses(), backend=backend, use_gpu=self.getUseGpu(),
                                   verbose=self.getVerbose(), spark=spark)
-        result = distributor.run(train_ranks, spec, datasets=datasets)
+        result = distributor.run(train_ranks, spec, datasets=handles)
 
         trained = loads(spec.objects)["model"]  # a fresh copy: the user's module keeps its weights
         trained.load_state_dict(result["state_dict"])

@@ -1,7 +1,7 @@
 """Driver-side checks of a DataFrame against the Params, before any training job.
 
-Schema checks cost nothing; the label range (and, when the schema does not say it, the feature width) comes
-from one cheap aggregation. Every error is a :class:`spark_dist.ConfigError` naming the Param and column.
+Schema checks cost nothing; the label range (and, when the schema does not say it, the feature width) is
+measured by the job that writes the dataset cache, so a fit runs one data job before training. Every error is a :class:`spark_dist.ConfigError` naming the Param and column.
 """
 from __future__ import annotations
 
@@ -109,38 +109,34 @@ def check_label(schema, label: str, loss, features: Features) -> str:
     return kind
 
 
-def aggregate(df, features: Features, label: str, label_kind: str, loss) -> dict:
-    """One Spark job: row count, label nulls/min/max/non-integers, feature width range (when unknown)."""
-    from pyspark.sql import functions as F
-
-    exprs = [F.count(F.lit(1)).alias("rows")]
-    if label_kind == SCALAR and loss in ("cross_entropy", "bce_with_logits"):
-        y = F.col(quoted(label)).cast("double")
-        exprs += [F.count(y).alias("labels"), F.min(y).alias("label_min"), F.max(y).alias("label_max"),
-                  F.sum((y != F.floor(y)).cast("long")).alias("non_integers")]
-    if features.width is None:
-        size = features.width_column()
-        exprs += [F.min(size).alias("width_min"), F.max(size).alias("width_max")]
-    if len(exprs) == 1:  # nothing to learn beyond the count: no job
-        return {}
-    return df.agg(*exprs).first().asDict()
-
-
-def feature_width(features: Features, stats: dict) -> int:
-    """Values per row of ``featuresCol``.
+def prepare(spark, datasets: dict, num_processes: int, features: Features, label: str,
+            validation: str = "") -> dict:
+    """Materialise the fit's DataFrames (one Spark job each, which also measures them) as dataset handles.
 
     Raises:
-        ConfigError: rows of unequal or zero width, or an empty DataFrame.
+        ConfigError: a value the loaders cannot take (nulls, vectors of unequal length, an empty DataFrame,
+            fewer rows than processes); the message names the Param of the column (``featuresCol``,
+            ``labelCol``) or, for the validation rows, ``validation`` (the Param that made them).
     """
+    from ..data import DatasetError, prepare_datasets
+
+    try:
+        return prepare_datasets(spark, datasets, num_processes)
+    except DatasetError as exc:
+        if exc.column is not None:
+            where = "labelCol" if exc.column == label else "featuresCol"
+        elif exc.dataset == "val":
+            where = f"{validation} (the validation rows)"
+        else:
+            where = "fit() (the training rows)"
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def feature_width(features: Features, handles: dict) -> int:
+    """Values per row of ``featuresCol``: from the schema, or as the cache write measured it."""
     if features.width is not None:
         return int(features.width)
-    lo, hi = stats.get("width_min"), stats.get("width_max")
-    if lo is None:
-        raise ConfigError(f"featuresCol {features.columns[0]!r}: the DataFrame has no rows with features")
-    if lo != hi or lo < 1:
-        raise ConfigError(f"featuresCol {features.columns[0]!r} holds rows of {lo} to {hi} values; every row "
-                          "needs the same non-zero number")
-    return int(lo)
+    return int(handles["train"].column(features.columns[0]).length)
 
 
 def model_outputs(module, width: int) -> int:
@@ -167,23 +163,21 @@ def model_outputs(module, width: int) -> int:
     return 1 if out.dim() == 1 else int(out.shape[1])
 
 
-def check_label_values(label: str, loss, outputs: int, stats: dict) -> None:
-    """Labels fit the loss and the model's outputs.
+def check_label_values(label: str, loss, label_kind: str, outputs: int, handles: dict) -> None:
+    """Labels fit the loss and the model's outputs, by the range the cache write measured.
 
     Raises:
-        ConfigError: an empty DataFrame, null labels, non-integer or out-of-range classes, or bce labels
-            outside [0, 1]; the message names ``labelCol``.
+        ConfigError: non-integer or out-of-range classes, or bce targets outside [0, 1]; the message
+            names ``labelCol``.
     """
-    if "label_min" not in stats:
+    if label_kind != SCALAR or loss not in ("cross_entropy", "bce_with_logits"):
         return
-    if not stats["rows"]:
-        raise ConfigError("the DataFrame given to fit() is empty")
-    if stats["labels"] != stats["rows"]:
-        raise ConfigError(f"labelCol {label!r} has {stats['rows'] - stats['labels']} null values; drop or fill them")
-    lo, hi = stats["label_min"], stats["label_max"]
+    stats = [h.column(label).stats for h in handles.values()]
+    lo, hi = min(s.minimum for s in stats), max(s.maximum for s in stats)
     if loss == "cross_entropy":
-        if stats["non_integers"]:
-            raise ConfigError(f"labelCol {label!r} holds {stats['non_integers']} non-integer values; "
+        non_integers = sum(s.non_integers for s in stats)
+        if non_integers:
+            raise ConfigError(f"labelCol {label!r} holds {non_integers} non-integer values; "
                               "loss='cross_entropy' needs class indices 0, 1, ...")
         if outputs < 2:
             raise ConfigError(f"model has {outputs} output; loss='cross_entropy' needs one output per class")
