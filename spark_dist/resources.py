@@ -48,6 +48,15 @@ def task_gpu_addresses(task_context) -> List[str]:
     return list(gpu.addresses) if gpu is not None else []
 
 
+def cuda_ordinal(address: str) -> int:
+    """The CUDA device index of the GPU Spark calls ``address`` in this process: its position in
+    ``CUDA_VISIBLE_DEVICES`` when that hides some GPUs (YARN and Kubernetes set it), else the address."""
+    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if address in visible:
+        return visible.index(address)
+    return int(address) if address.isdigit() else 0
+
+
 def local_gpu_addresses(count: int) -> List[str]:
     """GPUs for ``count`` processes on the driver (local mode).
 

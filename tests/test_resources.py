@@ -41,3 +41,12 @@ def test_gpu_slots_bound_the_number_of_ranks(spark_local_cluster):
 def test_visible_devices_lists_gpus_in_local_rank_order():
     assert visible_devices([["3"], ["1"]]) == "3,1"
     assert visible_devices([["0", "1"], ["2", "3"]]) == "0,1,2,3"
+
+
+def test_a_spark_gpu_address_maps_to_its_cuda_index_under_cuda_visible_devices(monkeypatch):
+    from spark_dist.resources import cuda_ordinal
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert cuda_ordinal("3") == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # e.g. YARN gave this container GPUs 2 and 3
+    assert (cuda_ordinal("3"), cuda_ordinal("2")) == (1, 0)

@@ -27,20 +27,35 @@ CHUNK_ROWS = 4096  # rows per forward pass at least (batchSize when larger): bou
 CLASSIFY, BINARY, REGRESS, VECTOR_OUT = "classify", "binary", "regress", "vector"
 
 
-def worker_module(key: str, payload: bytes, use_gpu: bool):
-    """The module for ``key`` in this Python worker, unpickled on first use, in eval mode."""
-    with _MODULES_LOCK:
-        module = _MODULES.get(key)
-        if module is not None:
-            _MODULES.move_to_end(key)
-            return module
+def inference_device(use_gpu: bool):
+    """Where this Spark task predicts: the GPU Spark assigned to it (``spark.task.resource.gpu.amount``),
+    the current CUDA device when the task has none assigned, or the CPU."""
     import torch
 
-    module = loads(payload)
-    device = torch.device("cuda") if use_gpu and torch.cuda.is_available() else torch.device("cpu")
-    module = module.to(device).eval()
+    if not (use_gpu and torch.cuda.is_available()):
+        return torch.device("cpu")
+    from pyspark import TaskContext
+
+    from ..resources import cuda_ordinal, task_gpu_addresses
+
+    task = TaskContext.get()
+    gpus = task_gpu_addresses(task) if task is not None else []
+    return torch.device("cuda", cuda_ordinal(gpus[0]) if gpus else torch.cuda.current_device())
+
+
+def worker_module(key: str, payload: bytes, use_gpu: bool):
+    """The module for ``key`` in this Python worker on this task's device, unpickled on first use, in eval
+    mode. The cache is keyed by device too: a reused worker may serve tasks holding other GPUs."""
+    device = inference_device(use_gpu)
+    cache_key = f"{key}@{device}"
     with _MODULES_LOCK:
-        _MODULES[key] = module
+        module = _MODULES.get(cache_key)
+        if module is not None:
+            _MODULES.move_to_end(cache_key)
+            return module
+    module = loads(payload).to(device).eval()
+    with _MODULES_LOCK:
+        _MODULES[cache_key] = module
         while len(_MODULES) > _MODULES_KEPT:
             _MODULES.popitem(last=False)
     return module

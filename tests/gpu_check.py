@@ -1,0 +1,156 @@
+"""GPU check, run by hand on a machine with a CUDA GPU (not part of the suite: pytest does not collect it).
+
+    python tests/gpu_check.py [--cpu]
+
+It needs torch, numpy, pandas, pyarrow, cloudpickle, scikit-learn and pyspark's Python package (no JVM: the
+runs are in local mode over a dataset handle written with pyarrow, so no Spark job runs). It checks, on GPU 0:
+
+  1. the estimator's training function (DDP over NCCL on ``cuda:LOCAL_RANK``) learns the digits through our
+     loader in a local-mode ``Distributor`` run with ``use_gpu=True``;
+  2. a rank started from a process that has initialised CUDA is spawned, not forked, and works; a forced fork
+     fails as CUDA says it must (which is why the fallback exists);
+  3. ``TorchModel`` inference on the GPU predicts what it predicts on the CPU.
+
+``--cpu`` runs the same steps without a GPU (gloo, CPU inference; step 2's fork failure is skipped), to check
+the script itself. Prints one line per check and exits non-zero if any fails.
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def digits_handle(directory):
+    """The digits (64 pixels as a float32 array, a long label) as one Parquet file and its handle."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_digits
+
+    from spark_dist.data.handle import ColumnStats, describe_files
+
+    digits = load_digits()
+    pixels = (digits.data / 16.0).astype("float32")
+    table = pa.table({"features": pa.array(list(pixels), type=pa.list_(pa.float32())),
+                      "label": pa.array(digits.target.astype("int64"))})
+    path = os.path.join(directory, "part-0.parquet")
+    pq.write_table(table, path, row_group_size=256)
+    handle = describe_files("train", f"file://{directory}", [f"file://{path}"],
+                            {"features": "array", "label": "scalar"}, {"features": ColumnStats(length=64)})
+    return handle, pixels, digits.target
+
+
+def mlp():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def train_spec(use_gpu):
+    from spark_dist.ml.persistence import dumps
+    from spark_dist.ml.training import TrainSpec
+
+    return TrainSpec(objects=dumps({"model": mlp(), "loss": "cross_entropy", "optimizer": "adam"}),
+                     loss="cross_entropy", feature_columns=("features",), stack_features=False,
+                     label_column="label", batch_size=64, epochs=8, learning_rate=0.003, scale_learning_rate=True,
+                     warmup_epochs=1.0, backend="ddp", use_gpu=use_gpu, seed=7, has_validation=False)
+
+
+def check_training(handle, pixels, labels, use_gpu):
+    import torch
+
+    from spark_dist import Distributor
+    from spark_dist.ml.training import train_ranks
+
+    result = Distributor(num_processes=1, local_mode=True, use_gpu=use_gpu, verbose=False).run(
+        train_ranks, train_spec(use_gpu), datasets={"train": handle})
+    model = mlp()
+    model.load_state_dict(result["state_dict"])
+    with torch.no_grad():
+        accuracy = (model(torch.from_numpy(pixels)).argmax(1).numpy() == labels).mean()
+    losses = [r["train_loss"] for r in result["history"]]
+    ok = accuracy > 0.95 and losses[-1] < losses[0]
+    return ok, f"training accuracy {accuracy:.3f}, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def check_fork_after_cuda(handle, use_gpu):
+    """Local mode normally spawns; make it fork (as a Spark task does) from this process, where CUDA is live."""
+    import torch
+
+    from spark_dist import Distributor, TrainingFailedError, launcher, worker
+    from spark_dist.ml.training import train_ranks
+
+    if use_gpu:
+        torch.zeros(1, device="cuda")  # this process initialises CUDA, as a GPU transform in a worker would
+    real_spawn, real_unsafe = launcher.spawn_child, worker._unsafe_to_fork
+    notes, ok = [], True
+    try:
+        launcher.spawn_child = worker.fork_child
+        Distributor(num_processes=1, local_mode=True, use_gpu=use_gpu, verbose=False).run(
+            train_ranks, train_spec(use_gpu), datasets={"train": handle})
+        notes.append(f"fallback used: {real_unsafe()}, run ok")
+        ok = real_unsafe() == use_gpu or "torch._dynamo" in sys.modules
+        if use_gpu:
+            worker._unsafe_to_fork = lambda: False  # force the fork the fallback avoids
+            try:
+                Distributor(num_processes=1, local_mode=True, use_gpu=True, verbose=False).run(
+                    train_ranks, train_spec(True), datasets={"train": handle})
+                notes.append("forced fork: ran (CUDA did not refuse)")
+            except TrainingFailedError as exc:
+                notes.append(f"forced fork fails as expected: {str(exc).splitlines()[0][:160]}")
+    finally:
+        launcher.spawn_child, worker._unsafe_to_fork = real_spawn, real_unsafe
+    return ok, "; ".join(notes)
+
+
+def check_inference(pixels, use_gpu):
+    import numpy as np
+    import pandas as pd
+
+    from spark_dist.ml import model as model_module
+    from spark_dist.ml.persistence import dumps
+
+    payload = dumps(mlp())
+    features = pd.Series(list(pixels[:1000]))
+    on_device = model_module.worker_module("gpu-check", payload, use_gpu)
+    device = next(on_device.parameters()).device
+    on_cpu = model_module.worker_module("gpu-check", payload, False)
+    a = model_module.predict_chunks(on_device, features, 256)
+    b = model_module.predict_chunks(on_cpu, features, 256)
+    ok = (device.type == "cuda") == use_gpu and np.allclose(a, b, atol=1e-4)
+    return ok, f"inference on {device}: max |gpu - cpu| = {np.abs(a - b).max():.2e}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cpu", action="store_true", help="no GPU: check the script itself")
+    args = parser.parse_args()
+    import torch
+
+    use_gpu = not args.cpu
+    if use_gpu and not torch.cuda.is_available():
+        print("no CUDA GPU visible; use --cpu")
+        return 2
+    print(f"torch {torch.__version__}, " + (f"GPU {torch.cuda.get_device_name(0)}" if use_gpu else "CPU"))
+    failed = 0
+    with tempfile.TemporaryDirectory() as directory:
+        handle, pixels, labels = digits_handle(directory)
+        for name, check in (("training", lambda: check_training(handle, pixels, labels, use_gpu)),
+                            ("inference", lambda: check_inference(pixels, use_gpu)),
+                            ("fork after CUDA", lambda: check_fork_after_cuda(handle, use_gpu))):
+            try:
+                ok, detail = check()
+            except Exception as exc:  # noqa: BLE001 -- report and go on to the next check
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            failed += not ok
+            print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
