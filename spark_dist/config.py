@@ -74,7 +74,8 @@ class RunConfig:
     run_id: str = ""
     resume: bool = False  # True when the caller named run_id: checkpoints of that run are resumed
     checkpoint_dir: Optional[str] = None
-    driver_host: str = "127.0.0.1"
+    driver_host: str = "127.0.0.1"   # the address ranks connect to (spark.driver.host)
+    bind_address: str = "127.0.0.1"  # where the driver's listeners bind (spark.driver.bindAddress, else the host)
     slot_wait_timeout: float = 30.0
     rendezvous_timeout: float = 300.0
     abort_grace_period: float = 5.0
@@ -142,6 +143,9 @@ class RunConfig:
                 f"encrypted. To run anyway, set {CONF_ALLOW_UNENCRYPTED}=true"
             )
         driver_host = conf.get("spark.driver.host") or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+        # Behind NAT or in a Kubernetes client-mode pod the driver advertises one address and binds another,
+        # as Spark's own driver does.
+        bind_address = conf.get("spark.driver.bindAddress") or driver_host
         return cls(
             num_processes=num_processes,
             backend=backend,
@@ -153,6 +157,7 @@ class RunConfig:
             resume=run_id is not None,
             checkpoint_dir=checkpoint_dir,
             driver_host=driver_host,
+            bind_address=bind_address,
             slot_wait_timeout=slot_wait_timeout(conf),
             rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),

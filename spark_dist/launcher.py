@@ -91,6 +91,14 @@ class Distributor:
         if datasets:
             handles = _prepared(spark, datasets, config.num_processes)
         checkpoint_dir = config.checkpoint_dir or os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
+        if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
+            unshared = unshared_checkpoint_hosts(config.driver_host, _executor_hosts(spark))
+            if unshared:
+                log.warning("spark_dist: run %s may resume from checkpoints, but the default checkpoint dir is "
+                            "on each machine's own disk and executors run on other hosts (%s): a retried rank 0 "
+                            "on another host would not find them. Set spark.dist.checkpointDir (or "
+                            "checkpoint_dir=) to a filesystem every executor sees.", config.run_id,
+                            ", ".join(unshared))
         self.history, self.input_stats = [], []
         self.last_run_id = config.run_id
         started = time.monotonic()
@@ -202,6 +210,19 @@ def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]
     return prepare_datasets(spark, datasets, num_ranks)
 
 
+def _executor_hosts(spark) -> List[str]:
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return [info.host() for info in infos]
+
+
+def unshared_checkpoint_hosts(driver_host: str, executor_hosts: List[str]) -> List[str]:
+    """The executor hosts that would not see a checkpoint dir on the driver machine's disk (a pure function:
+    the multi-host rule is testable on one machine)."""
+    from .data.cache import remote_hosts
+
+    return remote_hosts(driver_host, executor_hosts)
+
+
 def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -296,7 +317,7 @@ class _Attempt:
         self.group = f"spark_dist-{config.run_id}-{attempt}"
         # Only the port now: the store itself starts once the job is submitted, so the driver's first
         # `import torch` overlaps the tasks' launch instead of delaying it.
-        self._listener = bind_listener(config.driver_host)
+        self._listener = bind_listener(config.bind_address)
         port = self._listener.getsockname()[1]
         self.spec = LaunchSpec(
             run_id=config.run_id, attempt=attempt,
@@ -318,7 +339,7 @@ class _Attempt:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
         thread.start()
         try:
-            self._store_server, _ = host_store(self.config.driver_host, self.config.rendezvous_timeout,
+            self._store_server, _ = host_store(self.config.bind_address, self.config.rendezvous_timeout,
                                                self._listener)
         except BaseException:
             self._listener.close()
@@ -447,7 +468,8 @@ class _Attempt:
     def _assign(self, tasks: List[TaskInfo]) -> None:
         ranks = assign_ranks(tasks)
         self.ranks = ranks
-        extra = self.backend.start(ranks, self.config.driver_host, self.config.run_id)
+        extra = self.backend.start(ranks, self.config.driver_host, self.config.run_id,
+                                   bind_address=self.config.bind_address)
         envs = tuple({**torchrun_env(r, self.spec.store_host, self.spec.store_port, self.attempt, self.config.use_gpu),
                       **extra.get(r.rank, {})} for r in ranks)
         self.store.put("assignment", Assignment(tuple(ranks), envs))

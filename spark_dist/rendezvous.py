@@ -165,8 +165,10 @@ def host_store(host: str, timeout: float, listener: Optional[socket.socket] = No
 
     listener = listener or bind_listener(host)
     port = listener.getsockname()[1]
+    # This process's own client connects to where the server listens (loopback for a wildcard bind).
+    own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     store = TCPStore(
-        host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+        own, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
         master_listen_fd=listener.fileno(),
     )
     listener.detach()

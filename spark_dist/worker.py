@@ -128,7 +128,7 @@ def _preload(backend: str) -> None:
 
 def _unsafe_to_fork() -> bool:
     """A forked rank cannot use CUDA once this worker has initialised it; and ranks forked from a worker that
-    has imported torch._dynamo were seen to hang now and then (1 run in ~5 here), so spawn for those too."""
+    has imported torch._dynamo were seen to hang now and then (4 of ~30 runs here), so spawn for those too."""
     torch = sys.modules.get("torch")
     if torch is None:
         return False

@@ -52,3 +52,11 @@ def test_driver_host_comes_from_spark_conf_and_each_run_gets_its_own_id():
 def test_bad_conf_values_name_the_key():
     with pytest.raises(ConfigError, match="spark.dist.slotWaitTimeout"):
         RunConfig.build(num_processes=1, spark_conf={"spark.dist.slotWaitTimeout": "soon"})
+
+
+def test_listeners_bind_spark_driver_bind_address_and_ranks_dial_the_driver_host():
+    # A Kubernetes client-mode driver: it advertises its service name and binds the pod's interfaces.
+    config = RunConfig.build(num_processes=1, spark_conf={"spark.driver.host": "driver-svc.ns.svc",
+                                                          "spark.driver.bindAddress": "0.0.0.0"})
+    assert (config.driver_host, config.bind_address) == ("driver-svc.ns.svc", "0.0.0.0")
+    assert RunConfig.build(num_processes=1, spark_conf={"spark.driver.host": "10.0.0.5"}).bind_address == "10.0.0.5"

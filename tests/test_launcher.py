@@ -182,3 +182,10 @@ def test_a_killed_rank_on_the_standalone_cluster_names_the_rank(spark_standalone
         Distributor(num_processes=2, verbose=False).run(killed_by_signal)
     assert info.value.rank == 1 and info.value.signal == signal.SIGKILL
     assert Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)["sum"] == 3.0
+
+
+def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts():
+    from spark_dist.launcher import unshared_checkpoint_hosts
+
+    assert unshared_checkpoint_hosts("127.0.0.1", ["127.0.0.1", "localhost"]) == []
+    assert unshared_checkpoint_hosts("10.0.0.1", ["10.0.0.1", "10.0.0.2"]) == ["10.0.0.2"]

@@ -85,3 +85,14 @@ def test_a_signed_value_copied_under_another_key_is_refused():
         assert ours.has("task/0") and not ours.has("abort")
     finally:
         del server
+
+
+def test_a_store_bound_to_one_address_is_reached_by_another_name_for_it():
+    # spark.driver.bindAddress=127.0.0.1, spark.driver.host=localhost: bind one, ranks dial the other.
+    server, port = host_store("127.0.0.1", 10)
+    try:
+        client = SignedStore(join_store("localhost", port, 10), b"k" * 32, "run")
+        client.put("task/0", "here")
+        assert SignedStore(server, b"k" * 32, "run").get("task/0") == "here"
+    finally:
+        del server

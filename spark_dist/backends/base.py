@@ -7,7 +7,7 @@ torchrun variables are common to every backend and set here.
 from __future__ import annotations
 
 import importlib
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..errors import ConfigError
 from ..rendezvous import RankInfo
@@ -26,8 +26,10 @@ class Backend:
     def check_available(self) -> None:
         """Raise :class:`~spark_dist.errors.BackendUnavailableError` when the backend cannot run here."""
 
-    def start(self, ranks: List[RankInfo], driver_host: str, run_id: str) -> Dict[int, Dict[str, str]]:
-        """Start driver-side services for this attempt; return extra env per rank (by rank number)."""
+    def start(self, ranks: List[RankInfo], driver_host: str, run_id: str,
+              bind_address: Optional[str] = None) -> Dict[int, Dict[str, str]]:
+        """Start driver-side services for this attempt, listening on ``bind_address`` (default
+        ``driver_host``), which ranks reach as ``driver_host``; return extra env per rank (by rank number)."""
         return {r.rank: {} for r in ranks}
 
     def stop(self) -> None:

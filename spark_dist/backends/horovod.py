@@ -47,14 +47,16 @@ class HorovodBackend(Backend):
             raise BackendUnavailableError(
                 f"backend='horovod' runs Horovod over gloo, but this Horovod was built without it: {INSTALL_HINT}")
 
-    def start(self, ranks: List[RankInfo], driver_host: str, run_id: str) -> Dict[int, Dict[str, str]]:
-        """Start the rendezvous server on ``driver_host`` (that address only) for this host plan.
+    def start(self, ranks: List[RankInfo], driver_host: str, run_id: str,
+              bind_address: Optional[str] = None) -> Dict[int, Dict[str, str]]:
+        """Start the rendezvous server on ``bind_address`` (that address only; default ``driver_host``, which
+        is what the ranks connect to) for this host plan.
 
         Returns:
             The Horovod variables for every rank, by rank number.
 
         Raises:
-            OSError: the server cannot bind ``driver_host``.
+            OSError: the server cannot bind ``bind_address``.
         """
         from horovod.runner.common.util.hosts import SlotInfo
         from horovod.runner.http.http_server import RendezvousHandler
@@ -62,7 +64,7 @@ class HorovodBackend(Backend):
         plan = [SlotInfo(hostname=r.host, rank=r.rank, local_rank=r.local_rank, cross_rank=r.cross_rank,
                          size=r.world_size, local_size=r.local_world_size, cross_size=r.cross_size)
                 for r in sorted(ranks, key=lambda r: r.rank)]
-        self._server = _server_class()((driver_host, 0), RendezvousHandler)
+        self._server = _server_class()((bind_address or driver_host, 0), RendezvousHandler)
         # init() sizes each scope (global, local_<host>, cross_<local rank>), so the server can clear a
         # scope once all its members are done with it.
         self._server.init(plan)
