@@ -1,3 +1,5 @@
+from glob import glob
+
 from setuptools import find_packages, setup
 
 setup(
@@ -22,4 +24,6 @@ setup(
         "dev": ["pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["spark-dist=spark_dist.cli:main"]},
+    # The cluster templates (spark-defaults files, GPU discovery script, log4j2): `spark-dist conf-path`.
+    data_files=[("share/spark_dist/conf", sorted(glob("conf/*")))],
 )

@@ -3,6 +3,7 @@
     spark-dist run [--master URL] [--num-processes N] [options] train.py [script args...]
     spark-submit [spark options] $(spark-dist submit-path) [run options] train.py [script args...]
     spark-dist submit-path
+    spark-dist conf-path
 
 Exit codes: 0 success; 1 a rank failed (its headline and traceback on stderr); 2 a usage or
 configuration error (bad flag, missing script, a :class:`~spark_dist.errors.ConfigError`, a SparkSession
@@ -110,7 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Print the path of the Python file that spark-submit runs: "
                                     "spark-submit [spark options] $(spark-dist submit-path) [run options] "
                                     "script.py [args]. It takes the options of 'spark-dist run' except --master.")
+    commands.add_parser("conf-path", help="print the directory of the cluster templates",
+                        description="Print the directory holding the spark-defaults templates (local, GPU on "
+                                    "standalone, YARN, Kubernetes), the GPU discovery script and log4j2 file: "
+                                    "spark-submit --properties-file $(spark-dist conf-path)/spark-defaults.local.conf")
     return parser
+
+
+def conf_path() -> str:
+    """The directory of the ``conf/`` templates: the checkout's (a development install), else the copy an
+    installed wheel put under ``<prefix>/share/spark_dist/conf``.
+
+    Raises:
+        FileNotFoundError: neither is there.
+    """
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    for candidate in (checkout, os.path.join(sys.prefix, "share", "spark_dist", "conf")):
+        if os.path.isfile(os.path.join(candidate, "spark-defaults.local.conf")):
+            return candidate
+    raise FileNotFoundError("the spark_dist conf templates are not installed (looked in the checkout and in "
+                            f"{os.path.join(sys.prefix, 'share', 'spark_dist', 'conf')})")
 
 
 def submit_path() -> str:
@@ -244,6 +264,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "submit-path":
         print(submit_path())
+        return EXIT_OK
+    if args.command == "conf-path":
+        print(conf_path())
         return EXIT_OK
     return execute(args)
 

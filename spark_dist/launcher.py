@@ -38,7 +38,8 @@ class Distributor:
         use_gpu: one GPU per rank (``spark.task.resource.gpu.amount`` per task); NCCL is then the backend
             to pass to ``init_process_group``.
         max_retries: resubmit a failed run this many times; the function resumes from its last checkpoint.
-        timeout: seconds the whole run may take (all attempts); ``None`` for no limit.
+        timeout: seconds the whole run may take (all attempts, counted once the datasets are written: a
+            first write of a large DataFrame is Spark's work, not training); ``None`` for no limit.
         checkpoint_dir: where ``ctx.save_checkpoint`` writes (conf ``spark.dist.checkpointDir``); it must be
             visible to every executor. Default: a per-run directory in the driver's temp dir.
         run_id: name of the run; give the id of an earlier run to resume from its checkpoints.

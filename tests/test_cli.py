@@ -275,3 +275,23 @@ def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     args = submit_entry.build_parser().parse_args(["--conf", "spark.executor.memory=3g", TRAIN])
     assert session_conf(args) == {"spark.executor.memory": "3g"}
+
+
+def test_conf_path_names_the_templates_and_the_wheel_ships_them(tmp_path):
+    import shutil
+    import zipfile
+
+    result = spark_dist("conf-path")
+    assert result.returncode == 0
+    assert os.path.isfile(os.path.join(result.stdout.strip(), "spark-defaults.gpu-yarn.conf"))
+    # Build the wheel from a copy of the sources (nothing is written into the checkout) and look inside.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(os.path.join(REPO, "setup.py"), src)
+    for folder in ("spark_dist", "conf"):
+        shutil.copytree(os.path.join(REPO, folder), src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("spark_dist-*.whl"))).namelist()
+    shipped = {n.rsplit("/", 1)[1] for n in names if "/share/spark_dist/conf/" in n}
+    assert shipped == set(os.listdir(os.path.join(REPO, "conf")))

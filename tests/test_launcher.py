@@ -189,3 +189,29 @@ def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts
 
     assert unshared_checkpoint_hosts("127.0.0.1", ["127.0.0.1", "localhost"]) == []
     assert unshared_checkpoint_hosts("10.0.0.1", ["10.0.0.1", "10.0.0.2"]) == ["10.0.0.2"]
+
+
+def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_local, monkeypatch):
+    from spark_dist import launcher
+    from spark_dist.worker import signed_store
+
+    real_serve_rank = launcher.serve_rank
+
+    def task_one_never_arrives(spec, task, start_child):
+        if task.task_index == 0:
+            yield from real_serve_rank(spec, task, start_child)
+            return
+        store = signed_store(spec)  # it stays away from the store until the driver gives up on it
+        while not store.has("abort"):
+            time.sleep(0.05)
+
+    monkeypatch.setattr(launcher, "serve_rank", task_one_never_arrives)
+    spark_local.conf.set("spark.dist.rendezvousTimeout", "1s")
+    started = time.monotonic()
+    try:
+        with pytest.raises(TrainingFailedError, match=r"did not all start within spark\.dist\.rendezvousTimeout=1s "
+                                                      r"\(tasks that never reached the driver's store at .*: 1\)"):
+            Distributor(num_processes=2, local_mode=True, verbose=False, spark=spark_local).run(os.getpid)
+    finally:
+        spark_local.conf.unset("spark.dist.rendezvousTimeout")
+    assert time.monotonic() - started < 15  # the rendezvous timeout, then the abort grace period at most
