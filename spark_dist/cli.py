@@ -120,17 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def conf_path() -> str:
     """The directory of the ``conf/`` templates: the checkout's (a development install), else the copy an
-    installed wheel put under ``<prefix>/share/spark_dist/conf``.
+    installed wheel put under ``share/spark_dist/conf`` of its scheme (the environment's or ``--user``'s).
 
     Raises:
-        FileNotFoundError: neither is there.
+        ConfigError: neither is there (the message lists where it looked).
     """
+    import site
+    import sysconfig
+
     checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-    for candidate in (checkout, os.path.join(sys.prefix, "share", "spark_dist", "conf")):
+    candidates = [checkout] + [os.path.join(base, "share", "spark_dist", "conf")
+                               for base in (sys.prefix, sysconfig.get_path("data"), site.USER_BASE) if base]
+    for candidate in candidates:
         if os.path.isfile(os.path.join(candidate, "spark-defaults.local.conf")):
             return candidate
-    raise FileNotFoundError("the spark_dist conf templates are not installed (looked in the checkout and in "
-                            f"{os.path.join(sys.prefix, 'share', 'spark_dist', 'conf')})")
+    raise ConfigError(f"the spark_dist conf templates are not installed; looked in {', '.join(candidates)}")
 
 
 def submit_path() -> str:
@@ -266,7 +270,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(submit_path())
         return EXIT_OK
     if args.command == "conf-path":
-        print(conf_path())
+        try:
+            print(conf_path())
+        except ConfigError as exc:
+            print(f"spark-dist: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         return EXIT_OK
     return execute(args)
 

@@ -6,6 +6,7 @@ the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedEr
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -108,8 +109,9 @@ class Distributor:
             if attempt:  # a lost executor may still be coming back
                 self._wait_for_slots(config, spark)
             remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
-            outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
-                               spark, remaining).run()
+            with _kept(handles):  # no eviction of these caches while the ranks read them
+                outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
+                                   spark, remaining).run()
             if outcome.failures is None:
                 self._summary(config, attempt, time.monotonic() - started)
                 if config.checkpoint_dir is None and not config.resume:
@@ -203,12 +205,20 @@ def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]
     if spark is None:
         if not isinstance(datasets, dict) or not all(isinstance(d, DatasetHandle) for d in datasets.values()):
             raise ConfigError("datasets= holding DataFrames needs an active SparkSession")
-        if any(d.num_rows < num_ranks for d in datasets.values()):
-            raise ConfigError(f"datasets=: a dataset has fewer rows than num_processes={num_ranks}")
-        return dict(datasets)
+        from .data.cache import pass_through
+
+        return {name: pass_through(name, handle, num_ranks) for name, handle in datasets.items()}
     from .data import prepare_datasets
 
     return prepare_datasets(spark, datasets, num_ranks)
+
+
+def _kept(handles: Dict[str, Any]):
+    if not handles:
+        return contextlib.nullcontext()
+    from .data.cache import in_use
+
+    return in_use(handles.values())
 
 
 def _executor_hosts(spark) -> List[str]:

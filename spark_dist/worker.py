@@ -321,9 +321,12 @@ def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: 
     with open(os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
         pickle.dump((spec, rank, env, workdir), f)
     # No preexec_fn (unsafe with the driver's threads): the child sets its parent-death signal itself.
+    # sys.path, not only PYTHONPATH: inside an executor Spark puts --py-files and addPyFile zips (maybe
+    # spark_dist itself, and the user's modules) on sys.path at run time.
+    python_path = os.pathsep.join(p for p in sys.path if p)
     popen = subprocess.Popen(
         [sys.executable, "-m", "spark_dist._rank_main", payload, str(os.getpid())],
-        env={**os.environ, **env}, stderr=subprocess.PIPE, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": python_path, **env}, stderr=subprocess.PIPE, start_new_session=True,
     )
     stderr_fd = os.dup(popen.stderr.fileno())
     popen.stderr.close()

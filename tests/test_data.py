@@ -4,6 +4,7 @@ Each test reads as an example: prepare_datasets on the driver, make_loader once 
 """
 import os
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -344,20 +345,31 @@ def test_executors_on_this_host_write_and_read_a_file_cache(spark_local_cluster)
 
 # -- one job per DataFrame: the write measures what the checks need ---------------------------------------------
 def jobs_started(spark):
-    """How many Spark jobs the application has started so far (every thread's)."""
-    return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
+    """How many Spark jobs the application has started so far (every thread's), once Spark's listener bus,
+    which fills the status store asynchronously, has caught up."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    count, deadline = store.jobsList(None).size(), time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        again = store.jobsList(None).size()
+        if again == count:
+            return count
+        count = again
+    return count
 
 
 def test_a_new_dataframe_costs_one_job_which_also_measures_it(spark_local):
     df = spark_local.range(0, 90, numPartitions=3).select(
-        "id", (F.col("id") / 4).alias("quarter"), F.array("id", "id", "id").alias("a"))
+        "id", (F.col("id") / 4).alias("quarter"), F.array("id", "id", "id").alias("a"),
+        F.when(F.col("id") == 7, F.lit(float("nan"))).otherwise(F.col("id") * 1.0).alias("with nan"))
     before = jobs_started(spark_local)
-    handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2)["d"]
+    handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2, value_ranges=["id", "quarter", "with nan"])["d"]
     assert jobs_started(spark_local) - before == 1   # the write; no count job, no aggregation job
     assert handle.num_rows == 90
     assert handle.column("id").stats == ColumnStats(minimum=0.0, maximum=89.0, non_integers=0)
     quarter = handle.column("quarter").stats     # measured before the cache narrowed it to float32
     assert (quarter.minimum, quarter.maximum, quarter.non_integers) == (0.0, 22.25, 90 - 23)
+    assert (handle.column("with nan").stats.nans, handle.column("with nan").stats.maximum) == (1, 89.0)
     assert handle.column("a").length == 3
 
     again = prepare_datasets(spark_local, {"same": df, "handle": handle}, num_ranks=2)
@@ -373,7 +385,7 @@ def test_a_cache_the_user_made_with_petastorm_is_read_and_kept(spark_local, tmp_
     try:
         df = spark_local.range(40).select("id", F.array("id", "id").alias("a"))
         users = make_spark_converter(df)
-        handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2)["d"]
+        handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2, value_ranges=["id"])["d"]
         assert handle.cache_dir_url == users.cache_dir_url and handle.num_rows == 40
         assert handle.column("a").length == 2 and handle.column("id").stats.maximum == 39.0  # measured again
         clear_cache(spark_local)
@@ -388,3 +400,45 @@ def test_dataset_errors_keep_their_dataset_and_column_across_processes():
 
     err = pickle.loads(pickle.dumps(DatasetError("dataset 'd': column 'x' has 1 null values", "d", "x")))
     assert (str(err), err.dataset, err.column) == ("dataset 'd': column 'x' has 1 null values", "d", "x")
+
+
+def test_a_range_not_measured_at_the_write_is_measured_when_asked(spark_local):
+    df = spark_local.range(0, 30, numPartitions=2).select("id", (F.col("id") % 3).alias("label"))
+    first = prepare_datasets(spark_local, {"d": df}, num_ranks=1)["d"]
+    assert first.column("label").stats.minimum is None           # no range asked: none measured
+    again = prepare_datasets(spark_local, {"d": df}, num_ranks=1, value_ranges=["label"])["d"]
+    assert (again.column("label").stats.minimum, again.column("label").stats.maximum) == (0.0, 2.0)
+    assert again.file_urls == first.file_urls                       # from the same cache
+
+
+def test_doubles_with_dots_in_their_names_are_stored_as_float32(spark_local):
+    df = spark_local.range(8).select(F.col("id").cast("double").alias("a.b"),
+                                     F.array(F.col("id").cast("double")).alias("x`y"))
+    handle = prepare_datasets(spark_local, {"d": df}, num_ranks=2)["d"]
+    assert [(c.name, c.dtype) for c in handle.columns] == [("a.b", "float32"), ("x`y", "float32")]
+    batch = next(iter(make_loader(handle, rank=0, world_size=2, batch_size=4, shuffle=False)))
+    assert batch["a.b"].dtype == torch.float32 and batch["x`y"].shape == (4, 1)
+
+
+def test_two_threads_preparing_one_dataframe_write_it_once(spark_local, monkeypatch):
+    from petastorm.spark import spark_dataset_converter as psc
+
+    writes = []
+    real = psc._materialize_df
+    monkeypatch.setattr(psc, "_materialize_df", lambda *a, **k: writes.append(1) or real(*a, **k))
+    df = spark_local.range(0, 500, numPartitions=2).select("id", (F.col("id") * 2).alias("twice"))
+    got = {}
+    threads = [threading.Thread(target=lambda i=i: got.update({i: prepare_datasets(spark_local, {"d": df}, 2)["d"]}))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writes) == 1 and got[0].file_urls == got[1].file_urls == got[2].file_urls
+
+
+def test_a_handle_whose_cache_was_deleted_is_refused(spark_local):
+    handle = prepare_datasets(spark_local, {"d": spark_local.range(20)}, num_ranks=1)["d"]
+    clear_cache(spark_local)
+    with pytest.raises(DatasetError, match="dataset 'again': its cache .* was deleted"):
+        prepare_datasets(spark_local, {"again": handle}, num_ranks=1)

@@ -285,6 +285,9 @@ def bad_inputs(spark):
         "null labels": (TorchEstimator(model=mlp()),
                         df.withColumn("label", F.when(F.col("label") != 3, F.col("label"))),
                         "labelCol: dataset 'train': column 'label' has 183 null values"),
+        "NaN labels": (TorchEstimator(model=mlp()),
+                       df.withColumn("label", F.when(F.col("label") != 3, F.col("label")).otherwise(float("nan"))),
+                       "labelCol 'label' holds 183 NaN values"),
         "features of unequal width": (TorchEstimator(model=mlp()),
                                       df.withColumn("features", F.slice("features", 1, F.col("label") + 60)),
                                       "featuresCol: dataset 'train': column 'features' holds arrays of unequal "
@@ -300,6 +303,7 @@ def bad_inputs(spark):
                                   "non-numeric feature column", "labels out of range", "too many processes",
                                   "model and features disagree", "model and feature columns disagree",
                                   "fraction and column", "null labels", "features of unequal width",
+                                  "NaN labels",
                                   "no validation rows"])
 def test_bad_input_is_named_before_any_training_job(spark_local, case):
     est, df, message = bad_inputs(spark_local)[case]
@@ -315,6 +319,7 @@ def test_bad_input_is_named_before_any_training_job(spark_local, case):
     # Schema errors: no job at all. The others: only the job that writes the dataset cache and measures the
     # label range and feature width as it goes; never a training job.
     measured = ("labels out of range", "model and features disagree", "null labels", "features of unequal width",
+                "NaN labels",
                 "no validation rows")
     assert len(jobs) <= ((2 if case == "no validation rows" else 1) if case in measured else 0)
 

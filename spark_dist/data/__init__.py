@@ -4,10 +4,10 @@ Driver: :func:`prepare_datasets` (and :func:`clear_cache`), in :mod:`.cache`; th
 imported on first use, so a rank process (no Spark there) imports only :mod:`.handle` and :mod:`.loader`.
 Rank: :func:`make_loader`.
 """
-from .handle import ColumnInfo, DatasetError, DatasetHandle
+from .handle import ColumnInfo, ColumnStats, DatasetError, DatasetHandle
 from .loader import ShardLoader, make_loader
 
-__all__ = ["ColumnInfo", "DatasetError", "DatasetHandle", "ShardLoader", "make_loader", "prepare_datasets",
+__all__ = ["ColumnInfo", "ColumnStats", "DatasetError", "DatasetHandle", "ShardLoader", "make_loader", "prepare_datasets",
            "clear_cache", "CACHE_DIR_CONF"]
 
 _DRIVER_NAMES = {"prepare_datasets", "clear_cache", "CACHE_DIR_CONF"}

@@ -17,11 +17,12 @@ import tempfile
 import threading
 import uuid
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlparse
 
-from .handle import (ARRAY, SCALAR, VECTOR, ColumnStats, DatasetError, DatasetHandle, describe_files,
+from .handle import (ARRAY, SCALAR, VECTOR, ColumnStats, DatasetError, DatasetHandle, describe_files, local_path,
                      open_parquet)
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
@@ -45,6 +46,8 @@ class _Entry:
 
 _lock = threading.RLock()
 _entries: List[_Entry] = []
+_writing: List[tuple] = []              # (app_id, parent_url, plan, Event) of the writes under way
+_in_use: Dict[str, int] = {}            # cache dir URL -> runs reading it now (never evicted meanwhile)
 _default_parent: Optional[str] = None   # the directory this process created when the conf was not set
 _owner_pid = os.getpid()                # forked children inherit this module's state, not its caches
 _atexit_registered = False
@@ -162,10 +165,10 @@ def _check_reachable(spark, parent_url: str) -> None:
 
 
 # -- materialise, checking the values on the way (one Spark job) --------------------------------------------
-def _value_exprs(df_schema, kinds: Dict[str, str]) -> list:
+def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -> list:
     """Aggregations that check a dataset's values: row count; per column nulls; for arrays and vectors the
-    min/max length and rows holding null elements; for numbers min/max (and non-integers when floating),
-    which is what callers check labels against."""
+    min/max length and rows holding null elements; for the number columns in ``ranges`` (what a caller checks
+    labels against) min/max, NaNs and non-integers. Only those: every aggregate costs on every row."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -177,10 +180,16 @@ def _value_exprs(df_schema, kinds: Dict[str, str]) -> list:
         if nullable[column] or kind == VECTOR:
             exprs.append(F.sum(col.isNull().cast("long")).alias(f"null{i}"))
         if kind == SCALAR:
+            if column not in ranges:
+                continue
             value = col.cast("double")
-            exprs += [F.min(value).alias(f"lo{i}"), F.max(value).alias(f"hi{i}")]
             if isinstance(types[column], (T.FloatType, T.DoubleType)):
-                exprs.append(F.sum((value != F.floor(value)).cast("long")).alias(f"frac{i}"))
+                finite = F.when(~F.isnan(value), value)  # Spark orders NaN above every number: count it apart
+                exprs += [F.min(finite).alias(f"lo{i}"), F.max(finite).alias(f"hi{i}"),
+                          F.sum(F.isnan(value).cast("long")).alias(f"nan{i}"),
+                          F.sum((finite != F.floor(finite)).cast("long")).alias(f"frac{i}")]
+            else:
+                exprs += [F.min(value).alias(f"lo{i}"), F.max(value).alias(f"hi{i}")]
         else:
             size = F.when(col.isNotNull(), F.size(col))
             exprs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}"),
@@ -193,10 +202,24 @@ def _with_arrays(df, kinds: Dict[str, str]):
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
-    for column, kind in kinds.items():
-        if kind == VECTOR:
-            df = df.withColumn(column, vector_to_array(F.col(_quoted(column)), "float32"))
-    return df
+    return df.select([vector_to_array(F.col(_quoted(c)), "float32").alias(c) if kinds[c] == VECTOR
+                      else F.col(_quoted(c)) for c in df.columns])
+
+
+def _as_float32(df):
+    """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them; done here with quoted
+    names because Petastorm's own pass reads ``df[name]``, which takes a dot in a name for a struct field."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    def narrowed(field):
+        col = F.col(_quoted(field.name))
+        if isinstance(field.dataType, T.DoubleType):
+            return col.cast("float").alias(field.name)
+        if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.DoubleType):
+            return col.cast("array<float>").alias(field.name)
+        return col
+    return df.select([narrowed(f) for f in df.schema.fields])
 
 
 def _users_petastorm_cache(df, parent_url: str) -> Optional[str]:
@@ -230,7 +253,7 @@ def _cache_files(spark, url: str) -> List[str]:
     return files
 
 
-def _materialise(spark, df, kinds: Dict[str, str], parent_url: str):
+def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iterable[str] = ()):
     """Write ``df`` as a Petastorm cache and measure its values in the same job (``DataFrame.observe``).
 
     Returns ``(converter, owned, stats)``: ``owned`` is False when the user's own Petastorm converter had
@@ -247,7 +270,7 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str):
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
     df = _with_arrays(df, kinds)
     observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
-    observed = df.observe(observation, *_value_exprs(df.schema, kinds))
+    observed = _as_float32(df.observe(observation, *_value_exprs(df.schema, kinds, ranges)))
     quiet = _QuietPetastorm()
     psc.logger.addFilter(quiet)
     try:
@@ -287,9 +310,10 @@ class _QuietPetastorm(logging.Filter):
         return not str(record.msg).startswith("Converting floating-point")
 
 
-def _aggregate_cache(spark, converter, df_schema, kinds: Dict[str, str]) -> Dict[str, Any]:
+def _aggregate_cache(spark, cache_dir_url: str, df_schema, kinds: Dict[str, str],
+                     ranges: Iterable[str] = ()) -> Dict[str, Any]:
     """The same measures as the write observes, over a cache made before (one aggregation job)."""
-    return spark.read.parquet(converter.cache_dir_url).agg(*_value_exprs(df_schema, kinds)).first().asDict()
+    return spark.read.parquet(cache_dir_url).agg(*_value_exprs(df_schema, kinds, ranges)).first().asDict()
 
 
 def _enough_rows(name: str, rows: int, num_ranks: int) -> None:
@@ -316,8 +340,10 @@ def _judge(name: str, stats: Dict[str, Any], rows: int, kinds: Dict[str, str],
             raise DatasetError(f"{where} has {stats[f'null{i}']} null values; drop or fill them first, "
                                f"e.g. df.na.drop(subset=[{column!r}])", name, column)
         if kind == SCALAR:
-            described[column] = ColumnStats(minimum=stats[f"lo{i}"], maximum=stats[f"hi{i}"],
-                                            non_integers=int(stats.get(f"frac{i}") or 0))
+            if f"lo{i}" in stats:
+                described[column] = ColumnStats(minimum=stats[f"lo{i}"], maximum=stats[f"hi{i}"],
+                                                non_integers=int(stats.get(f"frac{i}") or 0),
+                                                nans=int(stats.get(f"nan{i}") or 0))
             continue
         if stats.get(f"inner{i}"):
             raise DatasetError(f"{where} has {stats[f'inner{i}']} arrays holding null elements; "
@@ -343,15 +369,17 @@ def _delete(entry: _Entry) -> None:
 
 
 # -- the public functions ------------------------------------------------------------------------------------
-def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, DatasetHandle]:
+def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
+                     value_ranges: Iterable[str] = ()) -> Dict[str, DatasetHandle]:
     """Materialise each DataFrame once as a Petastorm cache and describe it for the ranks.
 
     All schemas are checked before any Spark job. Each new DataFrame then costs one Spark job: the write,
     which also measures the values it checks (``DataFrame.observe``), so a bad value is refused before any
     training job. A DataFrame passed again (the same plan, as Spark's ``sameResult`` judges) reuses its cache
     without a job, and a :class:`DatasetHandle` this function returned passes through as it is. Vector
-    columns are stored as float32 arrays and doubles as float32; each handle's column stats hold the lengths
-    and value ranges measured before that narrowing. The caches are deleted by :func:`clear_cache`, when the SparkContext stops, or
+    columns are stored as float32 arrays and doubles as float32; each handle's column stats hold the lengths,
+    and the value ranges of the number columns named in ``value_ranges``, measured before that narrowing.
+    The same DataFrame prepared by two threads at once is written once. The caches are deleted by :func:`clear_cache`, when the SparkContext stops, or
     when this process exits.
 
     The cache goes under ``petastorm.spark.converter.parentCacheDirUrl`` when set, else under a new
@@ -360,7 +388,8 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
     cluster); with executors on other hosts it is refused, because they could not see each other's files.
 
     Raises:
-        DatasetError: a column of an unsupported type (string, struct, map, decimal, ...), an empty
+        DatasetError: a handle whose cache was deleted, a column of an unsupported type (string, struct,
+            map, decimal, ...), an empty
             DataFrame, fewer rows than ``num_ranks``, nulls in a column, arrays or vectors of unequal length
             or empty, a cache dir URL without a scheme, or a ``file://`` cache while executors run on other
             hosts. Each message names the dataset and the column or conf key.
@@ -387,36 +416,96 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[st
     handles = {}
     for name, df in datasets.items():
         if isinstance(df, DatasetHandle):
-            _enough_rows(name, df.num_rows, num_ranks)
-            handles[name] = replace(df, name=name)
-            continue
-        plan = df._jdf.queryExecution().analyzed()
+            handles[name] = pass_through(name, df, num_ranks)
+        else:
+            handles[name] = _prepare_one(spark, name, df, kinds[name], num_ranks, parent_url, app_id,
+                                         tuple(value_ranges))
+    _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
+    return handles
+
+
+def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHandle:
+    """A handle ``prepare_datasets`` returned before, renamed ``name``, once it is known to be still there.
+
+    Raises:
+        DatasetError: its cache was deleted (by ``clear_cache``, eviction or a stopped SparkContext), or it
+            has fewer rows than ``num_ranks``.
+    """
+    directory = local_path(handle.cache_dir_url)
+    if directory is not None and not os.path.isdir(directory):
+        raise DatasetError(f"dataset {name!r}: its cache {handle.cache_dir_url} was deleted (clear_cache(), "
+                           "more than MAX_CACHED_DATASETS caches, or its SparkContext stopped); pass the "
+                           "DataFrame again", name)
+    _enough_rows(name, handle.num_rows, num_ranks)
+    return replace(handle, name=name)
+
+
+def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, parent_url: str, app_id: str,
+                 ranges: Tuple[str, ...]) -> DatasetHandle:
+    plan = df._jdf.queryExecution().analyzed()
+    while True:
         with _lock:
             hit = next((e for e in _entries if e.app_id == app_id and e.parent_url == parent_url
                         and e.plan.sameResult(plan)), None)
-        if hit is not None:
-            with _lock:  # most recently used last
-                _entries.remove(hit)
+            if hit is not None:
+                _entries.remove(hit)  # most recently used last
                 _entries.append(hit)
-            _enough_rows(name, hit.handle.num_rows, num_ranks)
-            handles[name] = replace(hit.handle, name=name)
-            continue
-        converter, owned, stats = _materialise(spark, df, kinds[name], parent_url)
+                break
+            # The same plan being written by another thread right now (CrossValidator's parallel fits of one
+            # fold): wait for that write and use it rather than writing the same data twice.
+            writing = next((w for w in _writing if w[0] == app_id and w[1] == parent_url and w[2].sameResult(plan)),
+                           None)
+            if writing is None:
+                mine = (app_id, parent_url, plan, threading.Event())
+                _writing.append(mine)
+                break
+        writing[3].wait()
+    if hit is not None:
+        _enough_rows(name, hit.handle.num_rows, num_ranks)
+        missing = [c for c in ranges if c in kinds and kinds[c] == SCALAR
+                   and hit.handle.column(c).stats.minimum is None and not hit.handle.column(c).stats.nans]
+        if missing:  # written by a caller that did not ask for these ranges: one aggregation over the cache
+            stats = _aggregate_cache(spark, hit.handle.cache_dir_url, df.schema, kinds, ranges)
+            described = _judge(name, stats, hit.handle.num_rows, kinds, num_ranks)
+            hit.handle = replace(hit.handle, columns=tuple(
+                replace(c, stats=described.get(c.name, c.stats)) for c in hit.handle.columns))
+        return replace(hit.handle, name=name)
+    try:
+        converter, owned, stats = _materialise(spark, df, kinds, parent_url, ranges)
         entry = _Entry(app_id, parent_url, plan, converter, None, owned)  # type: ignore[arg-type]
         try:
             if stats is None:
-                stats = _aggregate_cache(spark, converter, df.schema, kinds[name])
-            described = _judge(name, stats, len(converter), kinds[name], num_ranks)
-            entry.handle = describe_files(name, converter.cache_dir_url, converter.file_urls, kinds[name],
-                                          described)
+                stats = _aggregate_cache(spark, converter.cache_dir_url, df.schema, kinds, ranges)
+            described = _judge(name, stats, len(converter), kinds, num_ranks)
+            entry.handle = describe_files(name, converter.cache_dir_url, converter.file_urls, kinds, described)
         except BaseException:
             _delete(entry)
             raise
         with _lock:
             _entries.append(entry)
-        handles[name] = entry.handle
-    _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
-    return handles
+        return entry.handle
+    finally:
+        with _lock:
+            _writing.remove(mine)
+        mine[3].set()
+
+
+@contextmanager
+def in_use(handles: Iterable[DatasetHandle]):
+    """Keep these handles' caches from eviction while a run reads them (another thread's prepare_datasets
+    may go past MAX_CACHED_DATASETS meanwhile)."""
+    urls = [h.cache_dir_url for h in handles]
+    with _lock:
+        for url in urls:
+            _in_use[url] = _in_use.get(url, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            for url in urls:
+                _in_use[url] -= 1
+                if not _in_use[url]:
+                    del _in_use[url]
 
 
 def _evict(app_id: str, keep) -> None:
@@ -424,7 +513,8 @@ def _evict(app_id: str, keep) -> None:
     with _lock:
         mine = [e for e in _entries if e.app_id == app_id]
         extra = len(mine) - MAX_CACHED_DATASETS
-        gone = [e for e in mine if e.handle.cache_dir_url not in keep][:max(extra, 0)]
+        gone = [e for e in mine if e.handle.cache_dir_url not in keep
+                and e.handle.cache_dir_url not in _in_use][:max(extra, 0)]
         _entries[:] = [e for e in _entries if e not in gone]
     for entry in gone:
         _delete(entry)
@@ -480,4 +570,5 @@ def _register_cleanup(sc) -> None:
             sc._spark_dist_clears_cache = True
 
 
-__all__ = ["CACHE_DIR_CONF", "prepare_datasets", "clear_cache", "column_kinds", "remote_hosts"]
+__all__ = ["CACHE_DIR_CONF", "prepare_datasets", "clear_cache", "column_kinds", "remote_hosts", "in_use",
+           "pass_through"]

@@ -28,14 +28,16 @@ class DatasetError(ValueError):
 class ColumnStats:
     """What the driver measured of one column while materialising it (before the float32 narrowing).
 
-    ``length``: values per row of an array or vector column. ``minimum``, ``maximum``: the range of a number
-    column (``None`` when it has no rows), ``non_integers``: how many of its values have a fraction.
+    ``length``: values per row of an array or vector column. For the number columns a caller asked ranges
+    of: ``minimum``, ``maximum`` (NaN left out; ``None`` when there is no number), ``nans``, and
+    ``non_integers``, how many values have a fraction.
     """
 
     length: Optional[int] = None
     minimum: Optional[float] = None
     maximum: Optional[float] = None
     non_integers: int = 0
+    nans: int = 0
 
 
 @dataclass(frozen=True)

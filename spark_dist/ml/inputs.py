@@ -121,15 +121,16 @@ def prepare(spark, datasets: dict, num_processes: int, features: Features, label
     from ..data import DatasetError, prepare_datasets
 
     try:
-        return prepare_datasets(spark, datasets, num_processes)
+        return prepare_datasets(spark, datasets, num_processes, value_ranges=(label,))
     except DatasetError as exc:
+        if exc.dataset is None:  # the cache's conf (no scheme, not shared across hosts): its key is named
+            raise ConfigError(str(exc)) from None
+        where = [f"{validation} (the validation rows)"] if exc.dataset == "val" else []
         if exc.column is not None:
-            where = "labelCol" if exc.column == label else "featuresCol"
-        elif exc.dataset == "val":
-            where = f"{validation} (the validation rows)"
-        else:
-            where = "fit() (the training rows)"
-        raise ConfigError(f"{where}: {exc}") from None
+            where.insert(0, "labelCol" if exc.column == label else "featuresCol")
+        elif "fewer than the" in str(exc):
+            where.append(f"numProcesses={num_processes}")
+        raise ConfigError(f"{', '.join(where) or 'fit() (the training rows)'}: {exc}") from None
 
 
 def feature_width(features: Features, handles: dict) -> int:
@@ -173,6 +174,9 @@ def check_label_values(label: str, loss, label_kind: str, outputs: int, handles:
     if label_kind != SCALAR or loss not in ("cross_entropy", "bce_with_logits"):
         return
     stats = [h.column(label).stats for h in handles.values()]
+    nans = sum(s.nans for s in stats)
+    if nans:
+        raise ConfigError(f"labelCol {label!r} holds {nans} NaN values; drop or fill them")
     lo, hi = min(s.minimum for s in stats), max(s.maximum for s in stats)
     if loss == "cross_entropy":
         non_integers = sum(s.non_integers for s in stats)
