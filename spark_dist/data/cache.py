@@ -279,9 +279,12 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     finally:
         psc.logger.removeFilter(quiet)
     files = _cache_files(spark, url)
-    converter = psc.SparkDatasetConverter(url, files, _row_count(files))
+    stats = _observed(observation)
+    # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
+    rows = stats["rows"] if stats is not None else _row_count(files)
+    converter = psc.SparkDatasetConverter(url, files, rows)
     logger.info("spark_dist: materialised %d rows in %d files at %s", len(converter), len(files), url)
-    return converter, True, _observed(observation)
+    return converter, True, stats
 
 
 def _row_count(file_urls) -> int:
