@@ -7,6 +7,7 @@ the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedEr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -383,7 +384,11 @@ class _Attempt:
             message = f"the run exceeded timeout={self.config.timeout:g}s"
             hung = [RankFailure(r.rank, r.host, "timeout", message, traceback=stacks[r.rank], seq=r.rank + 1)
                     for r in self.ranks if r.rank in stacks]
-            return _Outcome(failures=failures or hung or [RankFailure(
+            # Whatever a rank reported after the timeout's abort echoes it (an all-reduce that lost the rank
+            # we stopped first): the stacks lead, and such a report stands only for a rank without one.
+            echoes = [dataclasses.replace(f, seq=len(self.ranks) + 1 + (f.seq or 0))
+                      for f in failures if f.rank not in stacks]
+            return _Outcome(failures=hung + echoes or [RankFailure(
                 None, self.config.driver_host, "timeout",
                 message + (" while the ranks were starting" if self.ranks else " before every rank started"))],
                 timed_out=True)
