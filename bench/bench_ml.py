@@ -14,9 +14,10 @@ On a ``local[2]`` SparkSession (loopback only):
      MLP, 2 ranks, DDP, 15 epochs, batchSize 32, lr 0.003)])`` on 80% of the rows, with the held-out
      accuracy; timed is ``fit()`` alone (the Pipeline and its model are built before). Run first, so the
      session's first fit (a JVM that ran one job, no Python worker yet) shows on its own, and again in
-     ``--first-fit-sessions`` fresh processes (the figure is the median over all those sessions); then ``--fits`` more on other splits (median), each writing its Petastorm cache (a
-     VectorAssembler output is a new plan every time); then TorchEstimator alone fitted again on one
-     assembled DataFrame, whose cache is reused. Goal: <= 9 s.
+     ``--first-fit-sessions`` fresh processes (the figure is the median over all those sessions); then
+     ``--fits`` more on other splits (median), each writing its Petastorm cache (a VectorAssembler output
+     is a new plan every time); then TorchEstimator alone fitted again on one assembled DataFrame, whose
+     cache is reused. Goal: <= 9 s.
 
 Horovod's own estimator (``horovod.spark.torch.TorchEstimator``) is not run: ``horovod[spark]`` 0.28.1 pins
 ``pyarrow<11`` (this stack needs pyarrow >= 11 for pyspark 3.5 and petastorm 0.12) and imports

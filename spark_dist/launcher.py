@@ -95,7 +95,10 @@ class Distributor:
             handles = _prepared(spark, datasets, config.num_processes)
         checkpoint_dir = config.checkpoint_dir or os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
         if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
-            unshared = unshared_checkpoint_hosts(config.driver_host, _executor_hosts(spark))
+            from .data.cache import remote_hosts
+            from .resources import executor_hosts
+
+            unshared = remote_hosts(config.driver_host, executor_hosts(spark.sparkContext))
             if unshared:
                 log.warning("spark_dist: run %s may resume from checkpoints, but the default checkpoint dir is "
                             "on each machine's own disk and executors run on other hosts (%s): a retried rank 0 "
@@ -220,19 +223,6 @@ def _kept(handles: Dict[str, Any]):
     from .data.cache import in_use
 
     return in_use(handles.values())
-
-
-def _executor_hosts(spark) -> List[str]:
-    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
-    return [info.host() for info in infos]
-
-
-def unshared_checkpoint_hosts(driver_host: str, executor_hosts: List[str]) -> List[str]:
-    """The executor hosts that would not see a checkpoint dir on the driver machine's disk (a pure function:
-    the multi-host rule is testable on one machine)."""
-    from .data.cache import remote_hosts
-
-    return remote_hosts(driver_host, executor_hosts)
 
 
 def _fmt(value) -> str:

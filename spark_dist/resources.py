@@ -41,6 +41,11 @@ def wait_for_slots(sc, needed: int, timeout: float, use_gpu: bool) -> int:
     return slots
 
 
+def executor_hosts(sc) -> List[str]:
+    """The hosts of the executors registered now (the driver's entry included); no Spark job."""
+    return [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
+
+
 def task_gpu_addresses(task_context) -> List[str]:
     """The GPU addresses Spark assigned to this task (empty without GPU scheduling)."""
     resources = task_context.resources()

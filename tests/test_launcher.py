@@ -185,10 +185,11 @@ def test_a_killed_rank_on_the_standalone_cluster_names_the_rank(spark_standalone
 
 
 def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts():
-    from spark_dist.launcher import unshared_checkpoint_hosts
+    # The rule run() applies before warning about the default checkpoint dir (the dataset cache's rule too).
+    from spark_dist.data.cache import remote_hosts
 
-    assert unshared_checkpoint_hosts("127.0.0.1", ["127.0.0.1", "localhost"]) == []
-    assert unshared_checkpoint_hosts("10.0.0.1", ["10.0.0.1", "10.0.0.2"]) == ["10.0.0.2"]
+    assert remote_hosts("127.0.0.1", ["127.0.0.1", "localhost"]) == []
+    assert remote_hosts("10.0.0.1", ["10.0.0.1", "10.0.0.2"]) == ["10.0.0.2"]
 
 
 def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_local, monkeypatch):

@@ -7,8 +7,8 @@ Rank: :func:`make_loader`.
 from .handle import ColumnInfo, ColumnStats, DatasetError, DatasetHandle
 from .loader import ShardLoader, make_loader
 
-__all__ = ["ColumnInfo", "ColumnStats", "DatasetError", "DatasetHandle", "ShardLoader", "make_loader", "prepare_datasets",
-           "clear_cache", "CACHE_DIR_CONF"]
+__all__ = ["ColumnInfo", "ColumnStats", "DatasetError", "DatasetHandle", "ShardLoader", "make_loader",
+           "prepare_datasets", "clear_cache", "CACHE_DIR_CONF"]
 
 _DRIVER_NAMES = {"prepare_datasets", "clear_cache", "CACHE_DIR_CONF"}
 

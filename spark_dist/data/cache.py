@@ -44,9 +44,24 @@ class _Entry:
     owned: bool           # False when Petastorm handed back a cache the user made: never delete that
 
 
+@dataclass
+class _Write:
+    """A cache being written now: another thread preparing the same plan waits for ``done``."""
+
+    app_id: str
+    parent_url: str
+    plan: Any
+    done: threading.Event
+
+
+def _same_data(item, app_id: str, parent_url: str, plan) -> bool:
+    """``item`` (an :class:`_Entry` or a :class:`_Write`) holds ``plan``'s data for this application and dir."""
+    return item.app_id == app_id and item.parent_url == parent_url and item.plan.sameResult(plan)
+
+
 _lock = threading.RLock()
 _entries: List[_Entry] = []
-_writing: List[tuple] = []              # (app_id, parent_url, plan, Event) of the writes under way
+_writing: List["_Write"] = []           # the writes under way
 _in_use: Dict[str, int] = {}            # cache dir URL -> runs reading it now (never evicted meanwhile)
 _default_parent: Optional[str] = None   # the directory this process created when the conf was not set
 _owner_pid = os.getpid()                # forked children inherit this module's state, not its caches
@@ -151,7 +166,9 @@ def _check_reachable(spark, parent_url: str) -> None:
     if master == "local" or master.startswith("local[") or urlparse(parent_url).scheme != "file":
         return
     driver_host = sc.getConf().get("spark.driver.host") or socket.gethostname()
-    hosts = [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
+    from ..resources import executor_hosts
+
+    hosts = executor_hosts(sc)
     far = remote_hosts(driver_host, hosts)
     if far:
         raise DatasetError(
@@ -222,12 +239,11 @@ def _as_float32(df):
     return df.select([narrowed(f) for f in df.schema.fields])
 
 
-def _users_petastorm_cache(df, parent_url: str) -> Optional[str]:
-    """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (with
-    the settings we use), which we read but never delete."""
+def _users_petastorm_cache(plan, parent_url: str) -> Optional[str]:
+    """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (the
+    analyzed ``plan``; with the settings we use), which we read but never delete."""
     from petastorm.spark import spark_dataset_converter as psc
 
-    plan = df._jdf.queryExecution().analyzed()
     with psc._cache_df_meta_list_lock:
         for meta in psc._cache_df_meta_list:
             if (meta.row_group_size == psc.DEFAULT_ROW_GROUP_SIZE_BYTES and meta.compression_codec == "uncompressed"
@@ -253,18 +269,18 @@ def _cache_files(spark, url: str) -> List[str]:
     return files
 
 
-def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iterable[str] = ()):
+def _materialise(spark, df, plan, kinds: Dict[str, str], parent_url: str, ranges: Iterable[str] = ()):
     """Write ``df`` as a Petastorm cache and measure its values in the same job (``DataFrame.observe``).
 
     Returns ``(converter, owned, stats)``: ``owned`` is False when the user's own Petastorm converter had
     already made this cache (then nothing is written and ``stats`` is ``None``: the caller aggregates).
     Writes the way ``make_spark_converter`` does (row groups, no compression, doubles as float32), but skips
-    its second job, a full ``count()`` of what was just written: the Parquet footers hold the row counts.
+    its second job, a full ``count()`` of what was just written: the write counted its rows itself.
     """
     from petastorm.spark import spark_dataset_converter as psc
     from pyspark.sql import Observation
 
-    existing = _users_petastorm_cache(df, parent_url)
+    existing = _users_petastorm_cache(plan, parent_url)
     if existing is not None:
         files = _cache_files(spark, existing)
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
@@ -382,8 +398,8 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
     without a job, and a :class:`DatasetHandle` this function returned passes through as it is. Vector
     columns are stored as float32 arrays and doubles as float32; each handle's column stats hold the lengths,
     and the value ranges of the number columns named in ``value_ranges``, measured before that narrowing.
-    The same DataFrame prepared by two threads at once is written once. The caches are deleted by :func:`clear_cache`, when the SparkContext stops, or
-    when this process exits.
+    The same DataFrame prepared by two threads at once is written once. The caches are deleted by
+    :func:`clear_cache`, when the SparkContext stops, or when this process exits.
 
     The cache goes under ``petastorm.spark.converter.parentCacheDirUrl`` when set, else under a new
     directory in ``spark.local.dir`` or the temp dir (``file://``). A ``file://`` cache works wherever all
@@ -392,10 +408,9 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
 
     Raises:
         DatasetError: a handle whose cache was deleted, a column of an unsupported type (string, struct,
-            map, decimal, ...), an empty
-            DataFrame, fewer rows than ``num_ranks``, nulls in a column, arrays or vectors of unequal length
-            or empty, a cache dir URL without a scheme, or a ``file://`` cache while executors run on other
-            hosts. Each message names the dataset and the column or conf key.
+            map, decimal, ...), an empty DataFrame, fewer rows than ``num_ranks``, nulls in a column, arrays
+            or vectors of unequal length or empty, a cache dir URL without a scheme, or a ``file://`` cache
+            while executors run on other hosts. Each message names the dataset and the column or conf key.
         TypeError: ``datasets`` is not a dict of name -> DataFrame (or DatasetHandle).
         ValueError: ``num_ranks`` < 1.
     """
@@ -448,21 +463,19 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
     plan = df._jdf.queryExecution().analyzed()
     while True:
         with _lock:
-            hit = next((e for e in _entries if e.app_id == app_id and e.parent_url == parent_url
-                        and e.plan.sameResult(plan)), None)
+            hit = next((e for e in _entries if _same_data(e, app_id, parent_url, plan)), None)
             if hit is not None:
                 _entries.remove(hit)  # most recently used last
                 _entries.append(hit)
                 break
             # The same plan being written by another thread right now (CrossValidator's parallel fits of one
             # fold): wait for that write and use it rather than writing the same data twice.
-            writing = next((w for w in _writing if w[0] == app_id and w[1] == parent_url and w[2].sameResult(plan)),
-                           None)
+            writing = next((w for w in _writing if _same_data(w, app_id, parent_url, plan)), None)
             if writing is None:
-                mine = (app_id, parent_url, plan, threading.Event())
+                mine = _Write(app_id, parent_url, plan, threading.Event())
                 _writing.append(mine)
                 break
-        writing[3].wait()
+        writing.done.wait()
     if hit is not None:
         _enough_rows(name, hit.handle.num_rows, num_ranks)
         missing = [c for c in ranges if c in kinds and kinds[c] == SCALAR
@@ -474,7 +487,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
                 replace(c, stats=described.get(c.name, c.stats)) for c in hit.handle.columns))
         return replace(hit.handle, name=name)
     try:
-        converter, owned, stats = _materialise(spark, df, kinds, parent_url, ranges)
+        converter, owned, stats = _materialise(spark, df, plan, kinds, parent_url, ranges)
         entry = _Entry(app_id, parent_url, plan, converter, None, owned)  # type: ignore[arg-type]
         try:
             if stats is None:
@@ -490,7 +503,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
     finally:
         with _lock:
             _writing.remove(mine)
-        mine[3].set()
+        mine.done.set()
 
 
 @contextmanager

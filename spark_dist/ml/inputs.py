@@ -1,7 +1,8 @@
 """Driver-side checks of a DataFrame against the Params, before any training job.
 
 Schema checks cost nothing; the label range (and, when the schema does not say it, the feature width) is
-measured by the job that writes the dataset cache, so a fit runs one data job before training. Every error is a :class:`spark_dist.ConfigError` naming the Param and column.
+measured by the job that writes the dataset cache, so a fit runs one data job before training. Every error is
+a :class:`spark_dist.ConfigError` naming the Param and column.
 """
 from __future__ import annotations
 
