@@ -1,33 +1,40 @@
-# The README's commands. Each sets up .venv first (idempotent: a stamp skips it when nothing changed).
-PY := .venv/bin/python
+# The README's commands. Each sets up the environment it uses first (idempotent: a stamp skips it).
+# Two Spark lines: 4 (the default, .venv) and 3.5 (.venv-spark35). `make test` runs the suite on both;
+# LINES=4 (or LINES=3.5) picks one, for test and bench; SPARK_LINE=3.5 runs the demo on the 3.5 line.
 export SPARK_LOCAL_IP := 127.0.0.1
+LINES ?= 4 3.5
+SPARK_LINE ?= 4
+venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env demo test bench bench-launch bench-data bench-horovod bench-ml bench-recovery clean
+.PHONY: env env35 demo test bench bench-launch bench-data bench-horovod bench-ml bench-recovery clean
 env:
-	@bash scripts/setup_env.sh
+	@bash scripts/setup_env.sh 4
 
-demo: env
-	$(PY) -m spark_dist.demo
+env35:
+	@bash scripts/setup_env.sh 3.5
 
-test: env
-	$(PY) -m pytest
+demo:
+	@bash scripts/setup_env.sh $(SPARK_LINE)
+	$(call venv,$(SPARK_LINE))/bin/python -m spark_dist.demo
 
-bench: env bench-launch bench-data bench-horovod bench-ml bench-recovery
+# Every line runs even when an earlier one fails, so one CI run reports both.
+test:
+	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
+	@rc=0; for line in $(LINES); do \
+	  venv=.venv; [ "$$line" = 3.5 ] && venv=.venv-spark35; \
+	  echo "== Spark $$line line ($$venv) =="; \
+	  $$venv/bin/python -m pytest || rc=1; \
+	done; exit $$rc
 
-bench-launch: env
-	$(PY) bench/bench_launch.py --out bench/results/launch.json
+BENCHES := launch data horovod ml recovery
+bench:
+	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
+	@for line in $(LINES); do for b in $(BENCHES); do \
+	  $(MAKE) --no-print-directory bench-$$b SPARK_LINE=$$line || exit 1; done; done
 
-bench-data: env
-	$(PY) bench/bench_data.py --out bench/results/data.json
+bench-%:
+	@bash scripts/setup_env.sh $(SPARK_LINE)
+	$(call venv,$(SPARK_LINE))/bin/python bench/bench_$*.py --out bench/results/$*-spark$(SPARK_LINE).json
 
 clean:
-	rm -rf .venv build *.egg-info
-
-bench-horovod: env
-	$(PY) bench/bench_horovod.py --out bench/results/horovod.json
-
-bench-ml: env
-	$(PY) bench/bench_ml.py --out bench/results/ml.json
-
-bench-recovery: env
-	$(PY) bench/bench_recovery.py --out bench/results/recovery.json
+	rm -rf .venv .venv-spark35 build *.egg-info

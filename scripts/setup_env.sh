@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Creates .venv at the repository root with the pinned stack, Java and the Horovod wheel.
-# Idempotent: a stamp keyed by requirements.lock and this script skips the work when nothing changed.
+# Builds the virtual environment of one Spark line with its pinned stack, Java and the Horovod wheel:
+#   scripts/setup_env.sh        the Spark 4 line (the default): .venv      from requirements/spark4.lock
+#   scripts/setup_env.sh 3.5    the Spark 3.5 line:             .venv-spark35 from requirements/spark35.lock
+# Idempotent: a stamp keyed by the lock file and these scripts skips the work when nothing changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+line=${1:-4}
+case "$line" in
+  4) venv="$root/.venv"; lock=requirements/spark4.lock ;;
+  3.5) venv="$root/.venv-spark35"; lock=requirements/spark35.lock ;;
+  *) echo "setup: unknown Spark line '$line' (choose 4 or 3.5)" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
-venv="$root/.venv"
 stamp="$venv/.spark_dist_stamp"
-want=$(cat requirements.lock scripts/setup_env.sh scripts/build_horovod.sh setup.py | sha256sum | cut -c1-16)
+want=$(cat "$lock" scripts/setup_env.sh scripts/build_horovod.sh setup.py | sha256sum | cut -c1-16)
 
 apt_install() {
   local sudo=""
@@ -20,16 +27,18 @@ apt_install() {
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# Java: Spark needs a JVM (17 is what the 3.5 line is tested with here). Checked before the stamp, so a
-# machine that lost its Java gets it back.
-if ! command -v java >/dev/null 2>&1; then
-  echo "setup: installing Java (openjdk-17-jre-headless)"
+# Java: Spark 4 needs 17 or 21 (3.5 runs on 8, 11 or 17). Checked before the stamp, so a machine that
+# lost its Java gets it back.
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1; }
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+  echo "setup: installing Java 17 (openjdk-17-jre-headless)"
   apt_install openjdk-17-jre-headless
 fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 
+echo "setup: building $(basename "$venv") (Spark $line line, $lock)"
 if [ ! -x "$venv/bin/python" ] && ! "$PY" -m venv "$venv"; then
   echo "setup: '$PY -m venv' failed; installing python3-venv" >&2
   rm -rf "$venv"
@@ -37,12 +46,13 @@ if [ ! -x "$venv/bin/python" ] && ! "$PY" -m venv "$venv"; then
   "$PY" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-"${pip[@]}" -r requirements.lock
+"${pip[@]}" -r "$lock"
 "${pip[@]}" --no-deps -e .
 
-# Horovod: built once per (horovod, torch, python) and cached outside the repository.
+# Horovod: built once per (horovod, torch, python) and cached outside the repository; both lines share
+# the wheel when they share torch and Python.
 if wheel=$(bash scripts/build_horovod.sh "$venv/bin/python"); then
-  "${pip[@]}" "$wheel" pyyaml
+  "${pip[@]}" --no-deps "$wheel"
   echo "$want" > "$stamp"
 else
   # No stamp: the next set-up tries the build again (it fails fast while g++ or cmake is missing).

@@ -5,15 +5,14 @@ import os
 import time
 from typing import List, Sequence
 
+from . import jvm
 from .errors import ConfigError
 
 
 def cluster_task_slots(sc) -> int:
     """Tasks the cluster can run at once under the default resource profile (CPU and GPU amounts both
     count), as Spark's own barrier slot check computes it."""
-    jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
+    return jvm.max_concurrent_tasks(sc)
 
 
 def wait_for_slots(sc, needed: int, timeout: float, use_gpu: bool) -> int:
@@ -43,7 +42,7 @@ def wait_for_slots(sc, needed: int, timeout: float, use_gpu: bool) -> int:
 
 def executor_hosts(sc) -> List[str]:
     """The hosts of the executors registered now (the driver's entry included); no Spark job."""
-    return [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
+    return jvm.executor_hosts(sc)
 
 
 def task_gpu_addresses(task_context) -> List[str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlparse
 
+from .. import jvm
 from .handle import (ARRAY, SCALAR, VECTOR, ColumnStats, DatasetError, DatasetHandle, describe_files, local_path,
                      open_parquet)
 
@@ -256,14 +257,10 @@ def _users_petastorm_cache(plan, parent_url: str) -> Optional[str]:
 def _cache_files(spark, url: str) -> List[str]:
     """The Parquet files of a cache directory, listed through Spark's Hadoop filesystem (any scheme Spark
     wrote it with), as ``scheme://path`` URLs; no Spark job."""
-    sc = spark.sparkContext
-    jpath = sc._jvm.org.apache.hadoop.fs.Path(url)
-    fs = jpath.getFileSystem(sc._jsc.hadoopConfiguration())
     files = []
-    for status in fs.listStatus(jpath):
-        name = status.getPath().getName()
-        if status.isFile() and name.endswith(".parquet") and not name.startswith(("_", ".")):
-            file_url = status.getPath().toUri().toString()
+    for file_url in jvm.list_files(spark.sparkContext, url):
+        name = file_url.rsplit("/", 1)[-1]
+        if name.endswith(".parquet") and not name.startswith(("_", ".")):
             files.append("file://" + file_url[len("file:"):] if file_url.startswith("file:/") and
                          not file_url.startswith("file://") else file_url)
     return files
@@ -460,7 +457,7 @@ def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHan
 
 def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, parent_url: str, app_id: str,
                  ranges: Tuple[str, ...]) -> DatasetHandle:
-    plan = df._jdf.queryExecution().analyzed()
+    plan = jvm.analyzed_plan(df)
     while True:
         with _lock:
             hit = next((e for e in _entries if _same_data(e, app_id, parent_url, plan)), None)

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, Tuple
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
+from ..jvm import read_bytes, write_bytes
 from .params import OBJECT_PARAMS
 
 OBJECTS_FILE = "torch.pt"
@@ -84,30 +85,6 @@ def loads(data: bytes) -> Any:
     import torch
 
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-
-
-# -- files through Hadoop's FileSystem ----------------------------------------------------------------------
-def _filesystem(sc, path: str):
-    jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
-    return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
-
-
-def write_bytes(sc, path: str, data: bytes) -> None:
-    fs, jpath = _filesystem(sc, path)
-    out = fs.create(jpath, False)
-    try:
-        out.write(bytearray(data))
-    finally:
-        out.close()
-
-
-def read_bytes(sc, path: str) -> bytes:
-    fs, jpath = _filesystem(sc, path)
-    stream = fs.open(jpath)
-    try:
-        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-    finally:
-        stream.close()
 
 
 # -- writer and reader --------------------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""The one place spark_dist reaches into the driver JVM through PySpark's private py4j handles.
+
+PySpark has no public API for these (on either Spark line): the scheduler's concurrent-task count, the
+registered executors' hosts, a DataFrame's analyzed plan (to recognise the same data again) and Hadoop's
+FileSystem (to list and move files in any scheme Spark itself writes). The handles used (``sc._jsc``,
+``sc._jvm``, ``df._jdf``) are the same on Spark 3.5 and 4.x; keeping them here makes them easy to check
+when a Spark line moves, and marks what a session without a JVM (Spark Connect) must do otherwise.
+"""
+from __future__ import annotations
+
+from typing import Any, List
+
+
+def max_concurrent_tasks(sc) -> int:
+    """Tasks the cluster can run at once under the default resource profile (CPU and GPU amounts both
+    count), as Spark's own barrier slot check computes it."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def executor_hosts(sc) -> List[str]:
+    """The hosts of the executors registered now (the driver's entry included); no Spark job."""
+    return [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
+
+
+def analyzed_plan(df) -> Any:
+    """The analyzed logical plan of ``df``: ``plan.sameResult(other)`` tells whether two DataFrames hold
+    the same data (Spark's own test for cache hits)."""
+    return df._jdf.queryExecution().analyzed()
+
+
+def hadoop_filesystem(sc, path: str):
+    """``(FileSystem, Path)`` for ``path`` through the SparkContext's Hadoop configuration."""
+    jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
+
+
+def list_files(sc, url: str) -> List[str]:
+    """The file URLs directly under ``url`` (any scheme Spark reads), as Hadoop writes them; no Spark job."""
+    fs, jpath = hadoop_filesystem(sc, url)
+    return [status.getPath().toUri().toString() for status in fs.listStatus(jpath) if status.isFile()]
+
+
+def write_bytes(sc, path: str, data: bytes) -> None:
+    """Write ``data`` as a new file at ``path`` (any scheme Spark writes); fails if it exists."""
+    fs, jpath = hadoop_filesystem(sc, path)
+    out = fs.create(jpath, False)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_bytes(sc, path: str) -> bytes:
+    """The whole file at ``path`` (any scheme Spark reads)."""
+    fs, jpath = hadoop_filesystem(sc, path)
+    stream = fs.open(jpath)
+    try:
+        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
