@@ -1,8 +1,12 @@
 """spark_dist: distributed PyTorch training on Apache Spark (DDP or Horovod) with Petastorm loaders."""
-from .context import TrainContext, get_context
-from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError
-from .launcher import Distributor
-from .dropins import HorovodRunner, TorchDistributor
+from .data import petastorm_compat
+
+petastorm_compat.install()  # before anything imports Petastorm: it needs names new pyarrow and numpy removed
+
+from .context import TrainContext, get_context  # noqa: E402
+from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError  # noqa: E402
+from .launcher import Distributor  # noqa: E402
+from .dropins import HorovodRunner, TorchDistributor  # noqa: E402
 
 __all__ = [
     "Distributor", "TorchDistributor", "HorovodRunner", "get_context", "TrainContext",

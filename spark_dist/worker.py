@@ -208,6 +208,9 @@ class _StderrTail(threading.Thread):
         return bytes(self.tail[-new:]).decode("utf-8", "replace") if new > 0 else ""
 
 
+_ABORT_REPORT_GRACE_S = 0.5
+
+
 def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo, workdir: str) -> str:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
     report its failure. Returns ok/aborted/failed."""
@@ -226,6 +229,11 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
                 aborted = True
                 if store.get("abort") == "timeout":
                     store.put(f"stack/{rank.rank}", _dump_stack(child, tail))
+                else:
+                    # A rank that raised at about the same time as the one that aborted the run is writing
+                    # its own report: let it finish, or "every rank raised the same error" (not retried)
+                    # would look like one rank's error (retried). A rank blocked in a collective waits it out.
+                    waiter.join(_ABORT_REPORT_GRACE_S)
                 child.kill()
                 waiter.join()
     except BaseException:  # the driver (and its store) went away, or this task is being killed
@@ -435,8 +443,11 @@ def _try_pickle(exc: BaseException) -> Optional[bytes]:
 
 
 def _write_private(path: str, data: bytes) -> None:
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+    """Owner-only, and atomic: a rank killed mid-write leaves no half file for its supervisor to read."""
+    partial = path + ".partial"
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
+    os.replace(partial, path)
 
 
 class _Reporter:

@@ -1,0 +1,136 @@
+"""Petastorm 0.12.1 as a user calls it, after ``import spark_dist``, on either Spark line.
+
+On the Spark 4 line (pyarrow >= 16, numpy 2) Petastorm cannot even be imported by itself; spark_dist's
+compatibility module supplies what it needs, to Petastorm alone. On the 3.5 line it must change nothing.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+
+import spark_dist  # noqa: F401 -- what the user imports first
+from spark_dist.data import petastorm_compat
+
+NEW_PYARROW = int(pyarrow.__version__.split(".")[0]) >= 16
+NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def _frame(spark, rows=1000):
+    return spark.range(rows).select(F.array(F.col("id").cast("float"), F.lit(2.0)).alias("x"),
+                                    (F.col("id") * 0.5).alias("half"), F.col("id").alias("label"))
+
+
+def test_users_own_converter_and_torch_loader_work(spark_local, tmp_path):
+    from petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+    spark_local.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, "file://" + str(tmp_path))
+    try:
+        converter = make_spark_converter(_frame(spark_local))
+        assert len(converter) == 1000
+        labels, rows_ok = [], True
+        with converter.make_torch_dataloader(batch_size=128, num_epochs=1) as loader:
+            for batch in loader:
+                labels += batch["label"].tolist()
+                expected_x = np.stack([batch["label"].numpy().astype(np.float32),
+                                       np.full(len(batch["label"]), 2.0, np.float32)], axis=1)
+                rows_ok &= bool(np.array_equal(batch["x"].numpy(), expected_x))
+                rows_ok &= bool(np.allclose(batch["half"].numpy(), batch["label"].numpy() * 0.5))
+        assert sorted(labels) == list(range(1000)) and rows_ok
+
+        shards = []
+        for shard in range(2):
+            with converter.make_torch_dataloader(batch_size=100, num_epochs=1, cur_shard=shard,
+                                                 shard_count=2) as loader:
+                shards.append({v for batch in loader for v in batch["label"].tolist()})
+        assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(1000))
+
+        cache_dir = converter.cache_dir_url[len("file://"):]
+        assert os.listdir(cache_dir)
+        converter.delete()
+        assert not os.path.exists(cache_dir)
+    finally:
+        spark_local.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
+
+
+def test_make_batch_reader_reads_a_plain_parquet_directory(spark_local, tmp_path):
+    from petastorm import make_batch_reader
+
+    path = str(tmp_path / "plain")
+    _frame(spark_local, 300).repartition(3).write.parquet(path)
+    with make_batch_reader("file://" + path, num_epochs=1) as reader:
+        labels = [v for batch in reader for v in batch.label.tolist()]
+    assert sorted(labels) == list(range(300))
+
+
+def test_the_patch_reaches_petastorm_only():
+    import petastorm.arrow_reader_worker as worker_module
+
+    assert pq.ParquetDataset.__module__.startswith("pyarrow")  # everyone else's pyarrow is pyarrow's own
+    if NUMPY_2:
+        assert "unicode_" not in np.__dict__ and worker_module.np is not np
+    else:
+        assert worker_module.np is np
+    if hasattr(pq, "ParquetDatasetPiece"):  # pyarrow 14: the legacy API is there, Petastorm uses it as is
+        assert worker_module.pq is pq
+    else:
+        assert worker_module.pq is not pq
+        assert worker_module.pq.ParquetFile is pq.ParquetFile  # everything else forwards
+
+
+@pytest.mark.skipif(NEW_PYARROW, reason="the Spark 3.5 line's pyarrow 14 still has every name")
+def test_nothing_changes_on_the_old_stack():
+    import pyarrow.filesystem
+
+    assert not petastorm_compat.needed()
+    assert pyarrow.filesystem.__file__.startswith(os.path.dirname(pyarrow.__file__))  # pyarrow's own
+
+
+@pytest.mark.skipif(not NEW_PYARROW, reason="pyarrow < 16 still has pyarrow.filesystem")
+def test_petastorm_alone_fails_on_new_pyarrow_and_works_after_spark_dist():
+    alone = _python("import petastorm.spark")
+    assert alone.returncode != 0 and "pyarrow.filesystem" in alone.stderr  # why the module exists
+    after = _python("import spark_dist, petastorm.spark, petastorm.reader; print(petastorm.reader.pq.ParquetDataset)")
+    assert after.returncode == 0, after.stderr
+    assert "petastorm_legacy_dataset" in after.stdout
+    # Petastorm imported first (it fails), then spark_dist, then Petastorm again: the second import works.
+    retry = _python("try:\n import petastorm\nexcept ImportError:\n pass\n"
+                    "import spark_dist, petastorm.spark")
+    assert retry.returncode == 0, retry.stderr
+
+
+@pytest.mark.skipif(not NEW_PYARROW, reason="pyarrow < 16 still has its own legacy HDFS driver")
+def test_legacy_hdfs_says_what_to_use_instead():
+    import pyarrow.hdfs
+
+    with pytest.raises(NotImplementedError, match="file:// mount"):
+        pyarrow.hdfs.connect("namenode", 8020)
+
+
+def test_partitioned_datasets_are_refused_clearly(spark_local, tmp_path):
+    from spark_dist.data.petastorm_legacy_dataset import ParquetDataset
+
+    path = str(tmp_path / "parted")
+    _frame(spark_local, 10).withColumn("part", F.col("label") % 2).write.partitionBy("part").parquet(path)
+    with pytest.raises(NotImplementedError, match="partitioned"):
+        ParquetDataset(path)
+
+
+def test_legacy_dataset_lists_pieces_and_reads_row_groups(spark_local, tmp_path):
+    from spark_dist.data.petastorm_legacy_dataset import ParquetDataset
+
+    path = str(tmp_path / "pieces")
+    _frame(spark_local, 50).repartition(2).write.parquet(path)
+    dataset = ParquetDataset(path, validate_schema=False, metadata_nthreads=10)
+    assert len(dataset.pieces) == 2 and dataset.partitions is None and dataset.common_metadata is None
+    assert [p.path for p in dataset.pieces] == sorted(p.path for p in dataset.pieces)
+    total = sum(piece.read(columns={"label"}).num_rows for piece in dataset.pieces)
+    assert total == 50 == sum(piece.get_metadata().num_rows for piece in dataset.pieces)
