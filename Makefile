@@ -6,7 +6,7 @@ LINES ?= 4 3.5
 SPARK_LINE ?= 4
 venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env env35 demo test bench bench-launch bench-data bench-horovod bench-ml bench-recovery clean
+.PHONY: env env35 demo test bench clean
 env:
 	@bash scripts/setup_env.sh 4
 

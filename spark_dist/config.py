@@ -61,6 +61,38 @@ def slot_wait_timeout(conf: Mapping[str, str]) -> float:
     return _conf_seconds(conf, CONF_SLOT_WAIT, 30.0)
 
 
+def _max_result_bytes(conf: Mapping[str, str]) -> int:
+    from .result import MAX_RESULT_SIZE_CONF, parse_size
+
+    value = conf.get(MAX_RESULT_SIZE_CONF, "1g")  # Spark's default
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise ConfigError(f"{MAX_RESULT_SIZE_CONF}={value!r} is not a size (e.g. 1g, 512m, 0 for no limit)") from None
+
+
+def checkpoint_root(value: str, key: str) -> str:
+    """The directory under which each run keeps its checkpoints (in ``<root>/<run_id>/``), as a local path.
+
+    Raises:
+        ConfigError (naming ``key``): a relative path (it would land in whatever directory each executor
+            runs in), or a URL ``torch.save`` cannot write (``hdfs://``, ``s3a://``, ``dbfs:/``): use the
+            filesystem's mount (``/dbfs/...``, an NFS path) instead. ``file:`` URLs are taken as paths.
+    """
+    path = value.strip()
+    scheme, sep, rest = path.partition(":")
+    if sep and "/" not in scheme:
+        if scheme != "file":
+            raise ConfigError(f"{key}={value!r}: checkpoints are written with torch.save, which cannot write "
+                              f"{scheme}: URLs; use a path on a filesystem every executor mounts (for example "
+                              "/dbfs/... or an NFS path)")
+        path = "/" + rest.lstrip("/")
+    if not os.path.isabs(path):
+        raise ConfigError(f"{key}={value!r} is a relative path, which each executor would resolve in its own "
+                          "working directory; give an absolute path on a filesystem every executor sees")
+    return os.path.normpath(path)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one ``Distributor.run`` needs to know, checked once."""
@@ -73,13 +105,14 @@ class RunConfig:
     timeout: Optional[float] = None
     run_id: str = ""
     resume: bool = False  # True when the caller named run_id: checkpoints of that run are resumed
-    checkpoint_dir: Optional[str] = None
+    checkpoint_dir: Optional[str] = None  # the root: this run's checkpoints go to <checkpoint_dir>/<run_id>
     driver_host: str = "127.0.0.1"   # the address ranks connect to (spark.driver.host)
     bind_address: str = "127.0.0.1"  # where the driver's listeners bind (spark.driver.bindAddress, else the host)
     slot_wait_timeout: float = 30.0
     rendezvous_timeout: float = 300.0
     abort_grace_period: float = 5.0
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
+    max_result_bytes: int = 0  # spark.driver.maxResultSize: the most rank 0's result may be (0: no bound)
     ssl_enabled: bool = False
     allow_unencrypted: bool = False
     spark_conf: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -120,9 +153,12 @@ class RunConfig:
             timeout = float(timeout)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.replace("-", "").replace("_", "").isalnum()):
             raise ConfigError(f"run_id must be letters, digits, '-' or '_', got {run_id!r}")
-        checkpoint_dir = checkpoint_dir or conf.get(CONF_CHECKPOINT_DIR) or None
-        if checkpoint_dir is not None:
-            checkpoint_dir = os.fspath(checkpoint_dir)
+        if checkpoint_dir:
+            checkpoint_dir = checkpoint_root(os.fspath(checkpoint_dir), "checkpoint_dir")
+        elif conf.get(CONF_CHECKPOINT_DIR):
+            checkpoint_dir = checkpoint_root(conf[CONF_CHECKPOINT_DIR], CONF_CHECKPOINT_DIR)
+        else:
+            checkpoint_dir = None
         if not local_mode and _conf_bool(conf, "spark.dynamicAllocation.enabled"):
             raise ConfigError(
                 "barrier-mode training cannot run with dynamic allocation: "
@@ -162,6 +198,8 @@ class RunConfig:
             rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
             collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
+            # Local-mode results come back through a file, not a Spark task: Spark's bound does not apply.
+            max_result_bytes=0 if local_mode else _max_result_bytes(conf),
             ssl_enabled=ssl_enabled,
             allow_unencrypted=allow_unencrypted,
             spark_conf=conf,

@@ -42,6 +42,13 @@ def list_files(sc, url: str) -> List[str]:
     return [status.getPath().toUri().toString() for status in fs.listStatus(jpath) if status.isFile()]
 
 
+def file_identity(sc, url: str) -> tuple:
+    """``(length, modification time)`` of the file at ``url`` (any scheme Spark reads)."""
+    fs, jpath = hadoop_filesystem(sc, url)
+    status = fs.getFileStatus(jpath)
+    return int(status.getLen()), int(status.getModificationTime())
+
+
 def write_bytes(sc, path: str, data: bytes) -> None:
     """Write ``data`` as a new file at ``path`` (any scheme Spark writes); fails if it exists."""
     fs, jpath = hadoop_filesystem(sc, path)

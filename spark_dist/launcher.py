@@ -93,7 +93,7 @@ class Distributor:
         handles = {}
         if datasets:
             handles = _prepared(spark, datasets, config.num_processes)
-        checkpoint_dir = config.checkpoint_dir or os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
+        checkpoint_dir = _run_checkpoint_dir(config)
         if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
             from .data.cache import remote_hosts
             from .resources import executor_hosts
@@ -229,6 +229,29 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _run_checkpoint_dir(config: RunConfig) -> str:
+    """``<root>/<run_id>``: each run its own directory, so a new run never resumes another's checkpoints
+    and concurrent runs never overwrite each other's; naming an earlier ``run_id`` resumes that run.
+
+    Raises:
+        ConfigError: the run's directory exists but someone else owns it or can write to it (checkpoints
+            are unpickled), naming the key to change.
+    """
+    if config.checkpoint_dir is None:
+        return os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
+    path = os.path.join(config.checkpoint_dir, config.run_id)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except OSError:  # the driver may not mount the executors' shared filesystem: rank 0 creates it
+        return path
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ConfigError(f"the checkpoint directory {path} is owned or writable by another user, and "
+                          f"checkpoints are unpickled: set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a "
+                          "directory of your own, or use another run_id")
+    return path
+
+
 def _private_dir(name: str) -> str:
     """``<tmp>/<name>-<uid>``, created owner-only and checked to be ours: checkpoints are unpickled, so a
     directory someone else could write to must never hold them."""
@@ -241,11 +264,22 @@ def _private_dir(name: str) -> str:
     return path
 
 
+# Failures that would happen again on every attempt: a module missing on the executors, a result too big.
+_DETERMINISTIC = frozenset({"ModuleNotFoundError", "ImportError", "spark_dist.result.ResultTooLargeError"})
+
+
+def _digits_masked(message: str) -> str:
+    return re.sub(r"\d+", "#", message)
+
+
 def _worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
     """Retry a lost task, a killed process, or an exception on some ranks; not an exception that every rank
     raised alike, nor the same root-cause exception as the attempt before: a bug in the code fails again."""
     raised = [f for f in failures if f.kind == "exception" and not f.secondary]
-    if len(raised) >= world_size and len({(f.exc_type, f.message) for f in raised}) == 1:
+    if any(f.exc_type in _DETERMINISTIC for f in raised):
+        return False
+    # Alike: the same type and message but for numbers (a rank, a shape, an address differs per rank).
+    if len(raised) >= world_size and len({(f.exc_type, _digits_masked(f.message)) for f in raised}) == 1:
         return False
     if previous:
         now, before = root_cause(failures), root_cause(previous)
@@ -326,7 +360,7 @@ class _Attempt:
             store_host=config.driver_host, store_port=port, job_bytes=job_bytes, secret=os.urandom(32),
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
-            backend=config.backend,
+            backend=config.backend, max_result_bytes=config.max_result_bytes,
         )
         self._store_server = None
         self.store: Optional[SignedStore] = None

@@ -85,6 +85,25 @@ def assign_ranks(tasks: Sequence[TaskInfo]) -> List[RankInfo]:
     return [result[t.task_index] for t in tasks]
 
 
+def interface_of(host: str) -> Optional[str]:
+    """The network interface that holds ``host``'s address on this machine (``None`` if none does).
+
+    gloo connects ranks through the address the machine's host name resolves to, which in containers is
+    often 127.0.0.1: its full mesh then fails across hosts ("Connection refused, remote=[127.0.0.1]").
+    Pointing ``GLOO_SOCKET_IFNAME`` at the interface of the task's Spark host address avoids that.
+    """
+    import psutil
+
+    try:
+        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] in wanted for a in addresses):
+            return name
+    return None
+
+
 def bind_listener(host: str) -> socket.socket:
     """A listening socket on ``host`` only, on a free port. torch's TCPStore would listen on all
     interfaces whatever host it is given; binding here and passing the descriptor keeps it on one."""

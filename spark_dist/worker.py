@@ -15,15 +15,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from . import tempdirs
 from .errors import RankFailure
-from .rendezvous import RankInfo, SignedStore, TaskInfo, join_store
+from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of, join_store
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 STDERR_TAIL_BYTES = 16 << 10
@@ -57,6 +57,7 @@ class LaunchSpec:
     datasets: Dict[str, Any] = field(default_factory=dict)
     collective_timeout: Optional[float] = None
     backend: str = "ddp"
+    max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
 
     @property
     def prefix(self) -> str:
@@ -102,9 +103,9 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]
         yield ("status", task.task_index, "aborted")
         return
     rank = assignment.ranks[task.task_index]
-    env = assignment.envs[task.task_index]
+    env = _with_gloo_interface(assignment.envs[task.task_index], task.host)
     _preload(spec.backend)
-    workdir = tempfile.mkdtemp(prefix=f"spark_dist-{spec.run_id}-{spec.attempt}-r{rank.rank}-")
+    workdir = tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}")
     try:
         child = start_child(spec, rank, env, workdir)
         outcome = _supervise(child, store, spec, rank, workdir)
@@ -240,6 +241,7 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
         aborted = True
         child.kill()
         waiter.join()
+    child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
     tail.join(timeout=2.0)
     code, ended = exit_code[0]
     failure_path = os.path.join(workdir, "failure.pkl")
@@ -291,6 +293,14 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+def _with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
+    """``env`` plus ``GLOO_SOCKET_IFNAME`` (torch's gloo) and ``HOROVOD_GLOO_IFACE`` naming the interface of
+    this task's Spark address, unless the user chose them (see :func:`~spark_dist.rendezvous.interface_of`)."""
+    keys = [k for k in ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE") if k not in os.environ and k not in env]
+    name = interface_of(host) if keys else None
+    return {**env, **{k: name for k in keys}} if name else env
 
 
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
@@ -375,7 +385,9 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
             started = time.perf_counter()
             result = job.fn(*job.args, **job.kwargs)
             _report_input_wait(ctx, reporter, time.perf_counter() - started)
-        data = cloudpickle.dumps(result if rank.rank == 0 else None)
+        from .result import encode_result
+
+        data = encode_result(result if rank.rank == 0 else None, spec.max_result_bytes)
         _write_private(os.path.join(workdir, "result.pkl"), data)
         return 0
     except SystemExit as exc:  # a script's sys.exit(n)

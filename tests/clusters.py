@@ -220,6 +220,8 @@ class SparkManager:
             # Too few slots for a barrier stage otherwise re-checks every 15 s, 40 times.
             "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "10",
+            # Small enough that a test can return a result over it (test_result.py).
+            "spark.driver.maxResultSize": "64m",
         }
         if kind == LOCAL:
             conf["spark.master"] = "local[2]"

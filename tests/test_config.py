@@ -60,3 +60,22 @@ def test_listeners_bind_spark_driver_bind_address_and_ranks_dial_the_driver_host
                                                           "spark.driver.bindAddress": "0.0.0.0"})
     assert (config.driver_host, config.bind_address) == ("driver-svc.ns.svc", "0.0.0.0")
     assert RunConfig.build(num_processes=1, spark_conf={"spark.driver.host": "10.0.0.5"}).bind_address == "10.0.0.5"
+
+
+@pytest.mark.parametrize("value, why", [
+    ("checkpoints", "relative path"), ("./ckpt", "relative path"),
+    ("hdfs://nn/ckpt", "cannot write hdfs: URLs"), ("s3a://bucket/ckpt", "cannot write s3a:"),
+    ("dbfs:/ckpt", "cannot write dbfs:"),
+])
+def test_checkpoint_dirs_torch_save_cannot_write_are_refused_naming_the_key(value, why):
+    with pytest.raises(ConfigError, match=f"checkpoint_dir={value!r}.*{why}"):
+        Distributor(num_processes=1, checkpoint_dir=value)
+    with pytest.raises(ConfigError, match=f"spark.dist.checkpointDir={value!r}.*{why}"):
+        RunConfig.build(num_processes=1, spark_conf={"spark.dist.checkpointDir": value})
+
+
+def test_checkpoint_dir_is_a_root_each_run_writes_below():
+    assert RunConfig.build(num_processes=1, checkpoint_dir="file:///mnt/shared/ckpt/").checkpoint_dir == \
+        "/mnt/shared/ckpt"
+    assert RunConfig.build(num_processes=1, spark_conf={"spark.dist.checkpointDir": "/dbfs/ckpt"}).checkpoint_dir \
+        == "/dbfs/ckpt"

@@ -295,6 +295,17 @@ def test_the_same_dataframe_is_materialised_once(spark_local, monkeypatch):
     assert again["same"].name == "same"
 
 
+def test_a_reread_of_changed_files_gets_a_new_cache(spark_local, tmp_path):
+    source = str(tmp_path / "source")
+    spark_local.range(100).select("id", F.array("id", "id").alias("a")).write.parquet(source)
+    before = prepare_datasets(spark_local, {"train": spark_local.read.parquet(source)}, num_ranks=2)["train"]
+    again = prepare_datasets(spark_local, {"train": spark_local.read.parquet(source)}, num_ranks=2)["train"]
+    assert again == before  # unchanged files: the same cache, no job
+    spark_local.range(60).select("id", F.array("id", "id").alias("a")).write.mode("overwrite").parquet(source)
+    after = prepare_datasets(spark_local, {"train": spark_local.read.parquet(source)}, num_ranks=2)["train"]
+    assert (before.num_rows, after.num_rows) == (100, 60) and after.cache_dir_url != before.cache_dir_url
+
+
 def test_clear_cache_deletes_what_it_made_and_only_that(spark_local, tmp_path):
     user_dir = tmp_path / "user_cache"
     user_dir.mkdir()
@@ -442,3 +453,25 @@ def test_a_handle_whose_cache_was_deleted_is_refused(spark_local):
     clear_cache(spark_local)
     with pytest.raises(DatasetError, match="dataset 'again': its cache .* was deleted"):
         prepare_datasets(spark_local, {"again": handle}, num_ranks=1)
+
+
+@pytest.mark.parametrize("url, opened", [
+    ("s3a://bucket/cache/part-0.parquet", "s3://bucket/cache/part-0.parquet"),
+    ("s3n://bucket/part-0.parquet", "s3://bucket/part-0.parquet"),
+    ("dbfs:/tmp/cache/part-0.parquet", "file:///dbfs/tmp/cache/part-0.parquet"),
+    ("hdfs://nn:8020/cache/part-0.parquet", "hdfs://nn:8020/cache/part-0.parquet"),
+    ("file:///tmp/cache/part-0.parquet", "file:///tmp/cache/part-0.parquet"),
+])
+def test_spark_schemes_map_to_what_the_ranks_reader_opens(url, opened):
+    from spark_dist.data.handle import readable_url
+
+    assert readable_url(url) == opened
+
+
+def test_a_cache_url_the_ranks_cannot_read_is_refused_before_the_write(spark_local):
+    spark_local.conf.set(CACHE_DIR_CONF, "wasbs://container@account/cache")
+    try:
+        with pytest.raises(DatasetError, match=r"wasbs:.*parentCacheDirUrl"):
+            prepare_datasets(spark_local, {"train": spark_local.range(10)}, num_ranks=2)
+    finally:
+        spark_local.conf.unset(CACHE_DIR_CONF)

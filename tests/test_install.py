@@ -19,6 +19,10 @@ from test_cli import run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_STACK = ("pyspark", "numpy", "pyarrow", "pandas")
+SPARK_4 = int(__import__("pyspark").__version__.split(".")[0]) >= 4
+# The oldest stack of the Spark 4 line we support (the line's lock file pins the newest): installed into
+# the user's venv over the line's packages.
+OLDEST_SPARK_4 = ("pyspark==4.0.5", "pyarrow==18.1.0", "numpy==2.0.2", "pandas==2.2.3")
 
 
 def _build_wheel(tmp_path) -> str:
@@ -64,13 +68,22 @@ def _versions(python) -> dict:
     return json.loads(subprocess.check_output([python, "-c", code], text=True))
 
 
-def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path):
+@pytest.mark.parametrize("users_stack", [
+    pytest.param((), id="this-line's-pins"),
+    pytest.param(OLDEST_SPARK_4, id="oldest-spark4", marks=pytest.mark.skipif(
+        not SPARK_4, reason="the oldest Spark 4 stack is checked from the Spark 4 line's environment")),
+])
+def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path, users_stack):
     wheel = _build_wheel(tmp_path)
     python = _user_env(tmp_path)
-    before = _versions(python)
-    assert before == {p: _versions(sys.executable)[p] for p in USER_STACK}
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
     env = dict(os.environ, PYTHONPATH="")
+    if users_stack:
+        got = run_command(pip + ["install", "-q", *users_stack], timeout=600, env=env)
+        assert got.returncode == 0, got.stderr[-3000:]
+    before = _versions(python)
+    expected = dict(p.split("==") for p in users_stack) or {p: _versions(sys.executable)[p] for p in USER_STACK}
+    assert before == expected
 
     report = tmp_path / "report.json"
     dry = run_command(pip + ["install", "--dry-run", "--report", str(report), wheel], timeout=180, env=env)

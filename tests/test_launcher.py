@@ -216,3 +216,48 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
     finally:
         spark_local.conf.unset("spark.dist.rendezvousTimeout")
     assert time.monotonic() - started < 15  # the rendezvous timeout, then the abort grace period at most
+
+
+def _raised(rank, exc_type, message):
+    from spark_dist.errors import RankFailure
+
+    return RankFailure(rank, "h", "exception", message, exc_type=exc_type, seq=rank + 1)
+
+
+@pytest.mark.parametrize("failures, previous, retry", [
+    # An exception on one rank (an OOM, a flaky read): worth another attempt.
+    ([_raised(1, "RuntimeError", "CUDA out of memory")], [], True),
+    # The same exception on every rank: a bug, not retried; also when the message differs only by numbers.
+    ([_raised(0, "KeyError", "'x'"), _raised(1, "KeyError", "'x'")], [], False),
+    ([_raised(0, "ValueError", "shape [3, 0] on rank 0"), _raised(1, "ValueError", "shape [3, 1] on rank 1")],
+     [], False),
+    # Different exceptions on different ranks: worth another attempt.
+    ([_raised(0, "ValueError", "a"), _raised(1, "KeyError", "b")], [], True),
+    # Deterministic whatever the ranks: a module missing on the executors, a result over maxResultSize.
+    ([_raised(0, "ModuleNotFoundError", "No module named 'mylib'")], [], False),
+    ([_raised(0, "spark_dist.result.ResultTooLargeError", "rank 0 returned 80 MiB")], [], False),
+    # The same root cause as the attempt before: fails again.
+    ([_raised(1, "OSError", "disk full")], [_raised(1, "OSError", "disk full")], False),
+])
+def test_retry_rules(failures, previous, retry):
+    from spark_dist.launcher import _worth_retrying
+
+    assert _worth_retrying(failures, 2, previous) is retry
+
+
+def gloo_interfaces():
+    return {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE")}
+
+
+def test_gloo_uses_the_interface_of_the_tasks_spark_address(spark_local):
+    # Where the host name resolves to 127.0.0.1 (containers), gloo's own pick breaks the mesh across hosts.
+    assert Distributor(num_processes=2, verbose=False).run(gloo_interfaces) == {
+        "GLOO_SOCKET_IFNAME": "lo", "HOROVOD_GLOO_IFACE": "lo"}
+
+
+def test_the_users_gloo_interface_wins(monkeypatch):
+    from spark_dist.worker import _with_gloo_interface
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert _with_gloo_interface({"RANK": "0"}, "127.0.0.1") == {"RANK": "0", "HOROVOD_GLOO_IFACE": "lo"}
+    assert _with_gloo_interface({"RANK": "0"}, "192.0.2.99") == {"RANK": "0"}  # no interface holds it

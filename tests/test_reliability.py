@@ -102,7 +102,7 @@ def train_with_checkpoints(epochs, crash_at_epoch):
         ctx.save_checkpoint({"epoch": epoch + 1, "model": model.module.state_dict(),
                              "optimizer": optimizer.state_dict()})
         dist.barrier()  # the checkpoint of this epoch is written before anyone moves on
-    return {"weights": model.module.weight.detach().clone(), "attempt": ctx.attempt}
+    return {"weights": model.module.weight.detach().clone(), "attempt": ctx.attempt, "started_at": state["epoch"]}
 
 
 def test_a_killed_rank_resumes_from_its_checkpoint_with_identical_weights(spark_local, tmp_path):
@@ -118,11 +118,26 @@ def test_the_same_run_id_resumes_an_earlier_run(spark_local, tmp_path):
     first = Distributor(num_processes=2, verbose=False, run_id="resume-me", checkpoint_dir=str(tmp_path))
     with pytest.raises(TrainingFailedError):
         first.run(train_with_checkpoints, 6, 3)  # no retries: the run stops at epoch 3
-    assert os.path.exists(tmp_path / "checkpoint.pt")
+    assert os.path.exists(tmp_path / "resume-me" / "checkpoint.pt")  # each run in <dir>/<run_id>/
     again = Distributor(num_processes=2, verbose=False, run_id="resume-me", checkpoint_dir=str(tmp_path))
     expected = Distributor(num_processes=2, verbose=False, checkpoint_dir=str(tmp_path / "x")).run(
         train_with_checkpoints, 6, None)
-    assert again.run(train_with_checkpoints, 6, None)["weights"].equal(expected["weights"])
+    resumed = again.run(train_with_checkpoints, 6, None)
+    assert resumed["started_at"] == 3 and resumed["weights"].equal(expected["weights"])
+
+
+def test_a_new_run_never_resumes_another_runs_checkpoints(spark_local, tmp_path):
+    spark_local.conf.set("spark.dist.checkpointDir", str(tmp_path))  # as the cluster templates set it
+    try:
+        first = Distributor(num_processes=2, verbose=False)
+        first.run(train_with_checkpoints, 4, None)
+        second = Distributor(num_processes=2, verbose=False)
+        out = second.run(train_with_checkpoints, 4, None)
+    finally:
+        spark_local.conf.unset("spark.dist.checkpointDir")
+    assert out["started_at"] == 0  # trained every epoch itself
+    assert first.last_run_id != second.last_run_id
+    assert sorted(os.listdir(tmp_path)) == sorted([first.last_run_id, second.last_run_id])
 
 
 def record_pid_then_block(pid_dir):

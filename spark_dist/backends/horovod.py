@@ -129,19 +129,16 @@ def gloo_iface(host: str) -> Optional[str]:
     """The network interface gloo should use on ``host``.
 
     ``HOROVOD_GLOO_IFACE`` in the driver's environment wins (as ``horovodrun --network-interface``). A host
-    address that belongs to this machine (loopback: ``lo``) maps to its interface here. Otherwise ``None``:
-    gloo then binds the address the task's host name resolves to, since the driver cannot see remote
-    interface names.
+    address that belongs to this machine (loopback: ``lo``) maps to its interface here. Otherwise ``None``,
+    and the task names the interface of its own address (``worker._with_gloo_interface``): the driver cannot
+    see remote interface names.
     """
     forced = os.environ.get("HOROVOD_GLOO_IFACE")
     if forced:
         return forced
-    import psutil  # a dependency of horovod
+    from ..rendezvous import interface_of
 
-    try:
-        wanted = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except socket.gaierror:
-        return None
+    return interface_of(host)
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address.split("%")[0] in wanted for a in addrs):
             return name

@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlparse
 
-from .. import jvm
+from .. import jvm, tempdirs
 from .handle import (ARRAY, SCALAR, VECTOR, ColumnStats, DatasetError, DatasetHandle, describe_files, local_path,
-                     open_parquet)
+                     open_parquet, readable_url)
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
@@ -40,6 +40,7 @@ class _Entry:
     app_id: str
     parent_url: str
     plan: Any             # the analyzed JVM plan of the user's DataFrame: sameResult() finds it again
+    inputs: tuple         # the files it reads, with sizes and modification times (see _input_files)
     converter: Any        # petastorm SparkDatasetConverter
     handle: DatasetHandle
     owned: bool           # False when Petastorm handed back a cache the user made: never delete that
@@ -52,12 +53,32 @@ class _Write:
     app_id: str
     parent_url: str
     plan: Any
+    inputs: tuple
     done: threading.Event
 
 
-def _same_data(item, app_id: str, parent_url: str, plan) -> bool:
-    """``item`` (an :class:`_Entry` or a :class:`_Write`) holds ``plan``'s data for this application and dir."""
-    return item.app_id == app_id and item.parent_url == parent_url and item.plan.sameResult(plan)
+def _same_data(item, app_id: str, parent_url: str, plan, inputs: tuple) -> bool:
+    """``item`` (an :class:`_Entry` or a :class:`_Write`) holds ``plan``'s data for this application and dir:
+    the same plan over the same files, unchanged (a re-read of a path whose files changed has the same plan)."""
+    return (item.app_id == app_id and item.parent_url == parent_url and item.inputs == inputs
+            and item.plan.sameResult(plan))
+
+
+def _input_files(spark, df) -> tuple:
+    """``((url, length, modification time), ...)`` of the files ``df`` reads (``DataFrame.inputFiles``, no
+    Spark job): rewritten, added or removed files make another cache key."""
+    identity = []
+    for url in sorted(df.inputFiles()):
+        path = local_path(url)
+        if path is not None:
+            try:
+                info = os.stat(path)
+                identity.append((url, info.st_size, info.st_mtime_ns))
+            except OSError:  # gone already: the write will say so; no cache can match it meanwhile
+                identity.append((url, -1, -1))
+        else:
+            identity.append((url, *jvm.file_identity(spark.sparkContext, url)))
+    return tuple(identity)
 
 
 _lock = threading.RLock()
@@ -123,12 +144,13 @@ def _parent_url(spark) -> str:
         if not urlparse(url).scheme:
             raise DatasetError(f"{CACHE_DIR_CONF}={url!r} has no scheme; write it as a URL, e.g. "
                                f"'file://{url}' or 'hdfs://...'")
+        readable_url(url)  # before the write: a scheme the ranks cannot read is refused now, naming the key
         return url.rstrip("/")
     with _lock:
         if _default_parent is None or not os.path.isdir(_default_parent):
             local_dirs = (spark.sparkContext.getConf().get("spark.local.dir") or "").split(",")
             base = next((d for d in local_dirs if d and os.path.isdir(d)), tempfile.gettempdir())
-            _default_parent = tempfile.mkdtemp(prefix=f"spark_dist-cache-{os.getpid()}-", dir=base)
+            _default_parent = tempdirs.make("cache", parent=base)  # also sweeps those of dead drivers
         return "file://" + _default_parent
 
 
@@ -458,18 +480,19 @@ def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHan
 def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, parent_url: str, app_id: str,
                  ranges: Tuple[str, ...]) -> DatasetHandle:
     plan = jvm.analyzed_plan(df)
+    inputs = _input_files(spark, df)
     while True:
         with _lock:
-            hit = next((e for e in _entries if _same_data(e, app_id, parent_url, plan)), None)
+            hit = next((e for e in _entries if _same_data(e, app_id, parent_url, plan, inputs)), None)
             if hit is not None:
                 _entries.remove(hit)  # most recently used last
                 _entries.append(hit)
                 break
             # The same plan being written by another thread right now (CrossValidator's parallel fits of one
             # fold): wait for that write and use it rather than writing the same data twice.
-            writing = next((w for w in _writing if _same_data(w, app_id, parent_url, plan)), None)
+            writing = next((w for w in _writing if _same_data(w, app_id, parent_url, plan, inputs)), None)
             if writing is None:
-                mine = _Write(app_id, parent_url, plan, threading.Event())
+                mine = _Write(app_id, parent_url, plan, inputs, threading.Event())
                 _writing.append(mine)
                 break
         writing.done.wait()
@@ -485,7 +508,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
         return replace(hit.handle, name=name)
     try:
         converter, owned, stats = _materialise(spark, df, plan, kinds, parent_url, ranges)
-        entry = _Entry(app_id, parent_url, plan, converter, None, owned)  # type: ignore[arg-type]
+        entry = _Entry(app_id, parent_url, plan, inputs, converter, None, owned)  # type: ignore[arg-type]
         try:
             if stats is None:
                 stats = _aggregate_cache(spark, converter.cache_dir_url, df.schema, kinds, ranges)
