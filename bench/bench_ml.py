@@ -217,7 +217,8 @@ def horovod_estimator_status() -> str:
     except Exception as exc:  # noqa: BLE001
         importable = f"import fails: {type(exc).__name__}: {exc}"
     return (f"not run: horovod[spark] requires {pin}, this stack has pyarrow {have} "
-            f"(pyspark 3.5 + petastorm 0.12 need >= 11); horovod.spark.torch {importable}")
+            f"(pyspark 3.5 needs >= 4 and uses 14 here; pyspark 4.x needs >= 11, 4.2+ >= 18); "
+            f"horovod.spark.torch {importable}")
 
 
 def main(argv=None) -> int:

@@ -272,6 +272,9 @@ def _digits_masked(message: str) -> str:
     return re.sub(r"\d+", "#", message)
 
 
+REPORT_SLOT_GRACE_S = 2.0
+
+
 def _worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
     """Retry a lost task, a killed process, or an exception on some ranks; not an exception that every rank
     raised alike, nor the same root-cause exception as the attempt before: a bug in the code fails again."""
@@ -368,6 +371,7 @@ class _Attempt:
         self.job_error: List[BaseException] = []
         self.done = threading.Event()
         self.reports_seen = 0
+        self.empty_slot_since: Dict[int, float] = {}
         self.ranks: List[Any] = []  # RankInfo by task index, once assigned
         self.rendezvous_missing: List[int] = []  # task indexes that never reached the store
 
@@ -390,7 +394,7 @@ class _Attempt:
             thread.join()
             if self.job_error and not self.store.has("abort"):
                 self.store.put("abort", "the Spark job failed")  # supervisors still running stop their ranks
-            self._drain_reports()
+            self._drain_reports(final=True)
         except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
             self.store.put("abort", "cancelled on the driver")
             if not self.config.local_mode:
@@ -416,11 +420,14 @@ class _Attempt:
                 None, self.config.driver_host, "timeout",
                 message + (" while the ranks were starting" if self.ranks else " before every rank started"))],
                 timed_out=True)
-        if self.job_error and all(f.secondary for f in failures):
-            # A rank whose worker died reports nothing itself; its peers only saw the connection drop.
-            failures = [_lost_task_failure(self.job_error[0], self.config.driver_host, self.ranks), *failures]
-        if failures:
-            return _Outcome(failures=failures)
+        # The driver declared the rendezvous timeout: what the tasks did after its abort (a task's own
+        # backstop timeout, a cancelled job) follows from it, so the documented error leads, not a "lost" task.
+        if not self.rendezvous_missing:
+            if self.job_error and all(f.secondary for f in failures):
+                # A rank whose worker died reports nothing itself; its peers only saw the connection drop.
+                failures = [_lost_task_failure(self.job_error[0], self.config.driver_host, self.ranks), *failures]
+            if failures:
+                return _Outcome(failures=failures)
         if self.rendezvous_missing or not any(r[0] == "result" for r in self.records):
             missing = ", ".join(map(str, self.rendezvous_missing)) or "none"
             return _Outcome(failures=[RankFailure(
@@ -514,11 +521,23 @@ class _Attempt:
                       **extra.get(r.rank, {})} for r in ranks)
         self.store.put("assignment", Assignment(tuple(ranks), envs))
 
-    def _drain_reports(self) -> None:
+    def _drain_reports(self, final: bool = False) -> None:
+        """Relay the reports in order. A slot whose number was taken but which holds no signed value (a
+        stranger bumped the counter or wrote a forged value; a rank died between counting and writing) is
+        skipped once it has stayed empty for REPORT_SLOT_GRACE_S (at once when the job has ended), so it
+        never holds up the real reports."""
         latest = self.store.counter("report_seq", 0)
-        while self.reports_seen < latest and self.store.has(f"report/{self.reports_seen + 1}"):
-            self.reports_seen += 1
-            self.owner._on_report(self.store.get(f"report/{self.reports_seen}"))
+        now = time.monotonic()
+        for seq in range(self.reports_seen + 1, latest + 1):
+            self.empty_slot_since.setdefault(seq, now)  # the grace runs from when the number was first seen
+        while self.reports_seen < latest:
+            seq = self.reports_seen + 1
+            if self.store.has(f"report/{seq}"):
+                self.owner._on_report(self.store.get(f"report/{seq}"))
+            elif not final and now - self.empty_slot_since[seq] < REPORT_SLOT_GRACE_S:
+                return  # maybe a rank between counting and writing: look again at the next poll
+            self.empty_slot_since.pop(seq, None)
+            self.reports_seen = seq
 
     def _close(self) -> None:
         # Dropping the last reference stops the store's server and closes its port.

@@ -26,6 +26,7 @@ from .errors import RankFailure
 from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of, join_store
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
+RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
 STDERR_TAIL_BYTES = 16 << 10
 
 
@@ -98,7 +99,9 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]
     only) or ``("status", task_index, outcome)``."""
     store = signed_store(spec)
     store.put(f"task/{task.task_index}", task)
-    assignment = store.wait_for("assignment", spec.rendezvous_timeout, abort="abort")
+    # The driver declares the rendezvous timeout (and names the tasks that never came); this wait is only a
+    # backstop should the driver be gone, so it must not win the race against the driver's abort.
+    assignment = store.wait_for("assignment", spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S, abort="abort")
     if assignment is None:
         yield ("status", task.task_index, "aborted")
         return

@@ -207,6 +207,31 @@ def test_forged_connections_and_values_do_not_disturb_a_run(spark_local):
     assert Distributor(num_processes=2, verbose=False).run(poke_the_store_then_sum) == 2.0
 
 
+def forge_a_report_slot_then_report():
+    """Rank 0 plays a stranger: it takes a report number and writes a forged value there, then reports."""
+    from torch.distributed import TCPStore
+
+    run = get_context()
+    if run.rank == 0:
+        stranger = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False)
+        prefix = f"spark_dist/{run.run_id}/{run.attempt}"
+        taken = stranger.add(f"{prefix}/report_seq", 1)
+        stranger.set(f"{prefix}/report/{taken}", b"x" * 40)
+        stranger.add(f"{prefix}/report_seq", 1)  # and one number it never writes
+    time.sleep(0.5)
+    for step in range(3):
+        run.report(step=step)
+    time.sleep(3)  # longer than the driver waits for an empty slot
+    return "done"
+
+
+def test_a_forged_report_does_not_hide_the_real_ones(spark_local):
+    d = Distributor(num_processes=2, verbose=False)
+    assert d.run(forge_a_report_slot_then_report) == "done"
+    assert sorted((r["rank"], r["step"]) for r in d.history if "step" in r) == [
+        (rank, step) for rank in (0, 1) for step in range(3)]
+
+
 def kill_my_python_worker():
     import torch
     import torch.distributed as dist

@@ -1,0 +1,105 @@
+"""Side-by-side tables of the two Spark lines from ``bench/results/*-spark<line>.json`` (what `make bench`
+writes), in Markdown, for BENCHMARKS.md. ``python bench/report.py`` (no Spark, no torch needed)."""
+import json
+import os
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+LINES = ("3.5", "4")
+
+
+def load(name):
+    found = {}
+    for line in LINES:
+        path = os.path.join(RESULTS, f"{name}-spark{line}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                found[line] = json.load(f)
+    return found
+
+
+def table(title, rows, figures):
+    """``rows``: (label, function of one line's JSON -> text)."""
+    lines = [f"### {title}", "", "| | " + " | ".join(f"Spark {line}" for line in figures) + " |",
+             "|---|" + "---:|" * len(figures)]
+    for label, pick in rows:
+        cells = []
+        for data in figures.values():
+            try:
+                cells.append(pick(data))
+            except (KeyError, TypeError, ZeroDivisionError):
+                cells.append("n/a")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seconds(value):
+    return f"{value:.2f} s"
+
+
+def main():
+    out = []
+    launch = load("launch")
+    if launch:
+        f = lambda d, k: d["figures"][k]  # noqa: E731
+        out.append(table("Launch: 2 ranks, one gloo all-reduce (standalone cluster, warm session)", [
+            ("bare barrier stage, warm median", lambda d: seconds(f(d, "bare barrier stage (no sync)")["warm_median"])),
+            ("**spark_dist**, first run", lambda d: seconds(f(d, "spark_dist Distributor")["first"])),
+            ("**spark_dist**, warm median of 5", lambda d: seconds(f(d, "spark_dist Distributor")["warm_median"])),
+            ("PySpark TorchDistributor, first run", lambda d: seconds(f(d, "PySpark TorchDistributor")["first"])),
+            ("PySpark TorchDistributor, warm median", lambda d: seconds(f(d, "PySpark TorchDistributor")["warm_median"])),
+            ("**TorchDistributor / spark_dist, warm**", lambda d: f"**{d['ratios']['warm_median']:.1f}x**"),
+        ], launch))
+    horovod = load("horovod")
+    if horovod:
+        out.append(table("Horovod: 2 ranks, hvd.init() and one all-reduce", [
+            ("**spark_dist backend='horovod'**, first / warm median",
+             lambda d: f"{d['spark_dist_horovod']['first_s']:.2f} / {d['spark_dist_horovod']['warm_median_s']:.2f} s"),
+            ("horovod.spark.run, first / warm median",
+             lambda d: f"{d['horovod_spark_run']['first_s']:.2f} / {d['horovod_spark_run']['warm_median_s']:.2f} s"),
+            ("**horovod.spark.run / spark_dist, warm**", lambda d: f"**{d['ratio_warm']:.1f}x**"),
+            ("100 MB all-reduce, Horovod (gloo)", lambda d: f"{d['allreduce_horovod']['mb_per_s']:,.0f} MB/s"),
+            ("100 MB all-reduce, DDP (gloo)", lambda d: f"{d['allreduce_ddp_gloo']['mb_per_s']:,.0f} MB/s"),
+        ], horovod))
+    data = load("data")
+    if data:
+        def reader(prefix, key):
+            def pick(d):
+                (name,) = [n for n in d["readers"] if n.startswith(prefix)]
+                value = d["readers"][name][key]
+                return f"{value:,.0f}" if key == "rows_per_s" else (
+                    f"{value:.1f}x" if key == "vs_petastorm" else f"{value:.0%}")
+            return pick
+        out.append(table("Data: 500,000 rows (32 floats + label + 64-float vector), one rank, batches of 1,024", [
+            ("dataset cache write (`prepare_datasets`)", lambda d: seconds(d["prepare_seconds"])),
+            ("Petastorm make_torch_dataloader, rows/s", reader("(a)", "rows_per_s")),
+            ("pyarrow iter_batches -> torch (ceiling), rows/s", reader("(b)", "rows_per_s")),
+            ("**spark_dist ctx.loader (shuffled)**, rows/s", reader("(c)", "rows_per_s")),
+            ("**spark_dist shuffled, x Petastorm**", reader("(c)", "vs_petastorm")),
+            ("spark_dist shuffled, of ceiling", reader("(c)", "vs_ceiling")),
+            ("spark_dist unshuffled, of ceiling", reader("(c')", "vs_ceiling")),
+        ], data))
+    ml = load("ml")
+    if ml:
+        out.append(table("Spark ML: digits Pipeline (VectorAssembler + TorchEstimator, 2 ranks DDP), local[2]", [
+            ("**first fit of a session** (median of 5 fresh sessions)",
+             lambda d: f"**{d['fit']['first_fit_median']:.2f} s**"),
+            ("first fits", lambda d: ", ".join(f"{x:.2f}" for x in [d["fit"]["first_fit_seconds"]]
+                                               + d["fit"]["fresh_session_first_fits"])),
+            ("later fits (median)", lambda d: seconds(d["fit"]["pipeline_median"])),
+            ("estimator again on a cached DataFrame (median)", lambda d: seconds(d["fit"]["cache_reused_median"])),
+            ("held-out accuracy", lambda d: f"{min(d['fit']['held_out_accuracy']):.3f}-"
+                                            f"{max(d['fit']['held_out_accuracy']):.3f}"),
+            ("TorchModel.transform, rows/s",
+             lambda d: f"{d['transform']['methods']['spark_dist TorchModel.transform (pandas_udf)']['rows_per_s']:,.0f}"),
+            ("**transform vs row by row**", lambda d: f"**{d['transform']['speedup']:.1f}x**"),
+        ], ml))
+    recovery = load("recovery")
+    if recovery:
+        out.append(table("Failure detection and recovery (standalone, 2 ranks)", [
+            (key, (lambda k: lambda d: seconds(d[k]))(key)) for key in next(iter(recovery.values()))
+        ], recovery))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
