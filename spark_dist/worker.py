@@ -9,6 +9,7 @@ as soon as any rank's failure sets the run's abort key, so a rank blocked in a c
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import shutil
@@ -250,6 +251,13 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
     failure_path = os.path.join(workdir, "failure.pkl")
     if code == 0 and not aborted:
         return "ok"
+    if not aborted and not os.path.exists(failure_path) and os.path.exists(os.path.join(workdir, "result.pkl")):
+        # The rank delivered its result and then crashed on its way out (a library's exit handler, gloo
+        # torn down at interpreter shutdown: SIGABRT): the training is done, so say so and keep it.
+        sys.stderr.write(f"spark_dist: WARNING: rank {rank.rank} exited with "
+                         f"{'signal ' + str(-code) if code < 0 else 'code ' + str(code)} after delivering its "
+                         f"result; the result is kept. Its last output:\n{tail.text()[-2000:]}\n")
+        return "ok"
     if aborted and not os.path.exists(failure_path):  # a rank that had raised by itself still reports it
         return "aborted"
     if os.path.exists(failure_path):
@@ -323,11 +331,15 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
             _die_with_parent()
             os.dup2(write_fd, 2)
             os.close(write_fd)
+            atexit._clear()  # the Python worker's exit handlers are not the rank's to run
             code = child_main(spec, rank, env, workdir)
         except BaseException:
             traceback.print_exc()
         finally:
             try:
+                # What the rank registered itself (MLflow, TensorBoard and wandb flush their runs here);
+                # os._exit below would skip them, and a forked child must not run the worker's own exit.
+                atexit._run_exitfuncs()
                 sys.stdout.flush()
                 sys.stderr.flush()
             finally:

@@ -1,10 +1,12 @@
 """spark_dist.worker: how a task starts its rank. Forking the warm Python worker is the fast path; a worker
 where forking is unsafe spawns a fresh interpreter instead."""
+import os
 import sys
 
+import pytest
 import torch
 
-from spark_dist import worker
+from spark_dist import Distributor, worker
 
 
 def test_a_worker_that_initialised_cuda_spawns_its_rank(monkeypatch):
@@ -24,3 +26,32 @@ def test_a_worker_that_imported_torch_dynamo_spawns_and_a_plain_one_forks(monkey
     assert not worker._unsafe_to_fork()
     monkeypatch.setitem(sys.modules, "torch._dynamo", object())
     assert worker._unsafe_to_fork()
+
+
+def register_exit_work(marker, crash):
+    import atexit
+
+    from spark_dist import get_context
+
+    rank = get_context().rank
+
+    def on_exit():
+        with open(f"{marker}.{rank}", "w") as f:  # as an MLflow or TensorBoard finaliser would
+            f.write("flushed")
+        if crash:
+            os.abort()  # a library crashing at interpreter exit (gloo without destroy_process_group)
+
+    atexit.register(on_exit)
+    return "trained"
+
+
+@pytest.mark.parametrize("local_mode", [False, True], ids=["spark-task", "local-mode"])
+def test_a_ranks_exit_handlers_run_and_a_crash_after_the_result_is_a_warning(spark_local, tmp_path, local_mode,
+                                                                            capfd):
+    marker = str(tmp_path / "exit")
+    d = Distributor(num_processes=2, local_mode=local_mode, verbose=False)
+    assert d.run(register_exit_work, marker, False) == "trained"
+    assert sorted(os.listdir(tmp_path)) == ["exit.0", "exit.1"]  # every rank ran its own exit handlers
+    assert d.run(register_exit_work, marker, True) == "trained"  # the result had arrived: kept
+    if local_mode:  # ranks on the driver: their supervisor's warning is on the driver's stderr
+        assert "after delivering its result; the result is kept" in capfd.readouterr().err
