@@ -16,12 +16,13 @@ CONF_CHECKPOINT_DIR = "spark.dist.checkpointDir"
 CONF_ALLOW_UNENCRYPTED = "spark.dist.allowUnencryptedTraining"
 CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # honoured for drop-in users
 CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
+CONF_RETRY_SLOT_WAIT = "spark.dist.retrySlotWaitTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
-RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
-                CONF_COLLECTIVE_TIMEOUT)
+RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT,
+                CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT)
 
 BACKENDS = ("ddp", "horovod")
 
@@ -109,6 +110,7 @@ class RunConfig:
     driver_host: str = "127.0.0.1"   # the address ranks connect to (spark.driver.host)
     bind_address: str = "127.0.0.1"  # where the driver's listeners bind (spark.driver.bindAddress, else the host)
     slot_wait_timeout: float = 30.0
+    retry_slot_wait_timeout: float = 600.0  # before a retry: time for the cluster to replace lost executors
     rendezvous_timeout: float = 300.0
     abort_grace_period: float = 5.0
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
@@ -195,6 +197,7 @@ class RunConfig:
             driver_host=driver_host,
             bind_address=bind_address,
             slot_wait_timeout=slot_wait_timeout(conf),
+            retry_slot_wait_timeout=_conf_seconds(conf, CONF_RETRY_SLOT_WAIT, 600.0),
             rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
             collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
 from .backends import get_backend
-from .config import CONF_CHECKPOINT_DIR, RunConfig
+from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, assign_ranks, bind_listener, host_store
 from .backends.base import torchrun_env
@@ -111,7 +111,7 @@ class Distributor:
         failures_seen: List[RankFailure] = []
         for attempt in range(config.max_retries + 1):
             if attempt:  # a lost executor may still be coming back
-                self._wait_for_slots(config, spark)
+                self._wait_to_retry(config, spark, failures_seen, attempt, started)
             remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
             with _kept(handles):  # no eviction of these caches while the ranks read them
                 outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
@@ -134,11 +134,32 @@ class Distributor:
 
     # ----------------------------------------------------------------------------------------------------
     @staticmethod
-    def _wait_for_slots(config: RunConfig, spark) -> None:
+    def _wait_for_slots(config: RunConfig, spark, timeout: Optional[float] = None) -> None:
         if not config.local_mode:
             from .resources import wait_for_slots
 
-            wait_for_slots(spark.sparkContext, config.num_processes, config.slot_wait_timeout, config.use_gpu)
+            wait_for_slots(spark.sparkContext, config.num_processes,
+                           config.slot_wait_timeout if timeout is None else timeout, config.use_gpu)
+
+    def _wait_to_retry(self, config: RunConfig, spark, failures: List[RankFailure], attempt: int,
+                       started: float) -> None:
+        """Wait for the slots of the next attempt as long as the cluster manager may need to replace a lost
+        executor (a YARN container or Kubernetes pod takes minutes), within ``timeout``.
+
+        Raises:
+            ConfigError: the slots did not come back in time, naming the key; its ``__cause__`` is the
+                :class:`TrainingFailedError` of the attempt that failed.
+        """
+        wait = config.retry_slot_wait_timeout
+        if config.timeout is not None:
+            wait = min(wait, max(config.timeout - (time.monotonic() - started), 0.0))
+        try:
+            self._wait_for_slots(config, spark, wait)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"run {config.run_id} could not be retried: {exc} after waiting {wait:g}s for the cluster to "
+                f"replace lost executors (raise {CONF_RETRY_SLOT_WAIT}, or timeout=); attempt {attempt - 1} had "
+                f"failed: {root_cause(failures).headline()}") from TrainingFailedError(failures, attempt, config.run_id)
 
     def _session(self):
         if self._spark is not None:

@@ -359,3 +359,33 @@ def test_standalone_two_runs_at_once_and_forged_store_values(spark_standalone):
 
 def test_standalone_no_rank_process_or_temp_dir_is_left_after_a_failure(spark_standalone, tmp_path):
     test_after_a_failure_no_rank_process_or_temp_dir_is_left(spark_standalone, tmp_path)
+
+
+def fail_rank_1_on_the_first_attempt():
+    if get_context().rank == 1 and get_context().attempt == 0:
+        raise RuntimeError("executor lost its disk")
+    return "ok"
+
+
+def test_a_retry_waits_for_replacement_executors_and_keeps_the_failure(spark_local, monkeypatch):
+    from spark_dist import ConfigError, resources
+
+    waits = []
+
+    def cluster_without_its_lost_executor(sc, needed, timeout, use_gpu):
+        waits.append(timeout)
+        if len(waits) > 1:  # before the retry: the lost executor never came back
+            raise ConfigError(f"num_processes={needed} but the cluster has 1 task slots")
+        return needed
+
+    monkeypatch.setattr(resources, "wait_for_slots", cluster_without_its_lost_executor)
+    spark_local.conf.set("spark.dist.retrySlotWaitTimeout", "240s")
+    try:
+        with pytest.raises(ConfigError, match="spark.dist.retrySlotWaitTimeout") as info:
+            Distributor(num_processes=2, max_retries=1, verbose=False, timeout=3600).run(
+                fail_rank_1_on_the_first_attempt)
+    finally:
+        spark_local.conf.unset("spark.dist.retrySlotWaitTimeout")
+    assert waits[0] == 30 and waits[1] == 240  # the first wait is slotWaitTimeout's, the retry's much longer
+    cause = info.value.__cause__
+    assert isinstance(cause, TrainingFailedError) and cause.rank == 1 and "lost its disk" in str(cause)
