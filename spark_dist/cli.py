@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Dict, Optional, Sequence
 
+from .config import BACKENDS
 from .errors import ConfigError, RunTimeoutError, TrainingFailedError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 0, 1, 2, 124, 130
@@ -72,7 +73,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, with_master: bool = True
                                  "spark.master from --conf/--properties-file, else Spark's default (local[*])")
     parser.add_argument("--num-processes", "-n", type=int, default=1, metavar="N",
                         help="number of ranks (with --use-gpu: one GPU each); default 1")
-    parser.add_argument("--backend", choices=("ddp", "horovod"), default="ddp",
+    parser.add_argument("--backend", choices=BACKENDS, default="ddp",
                         help="ddp: the script calls init_process_group() as under torchrun; "
                              "horovod: the script calls hvd.init(). Default ddp")
     parser.add_argument("--local-mode", action="store_true",

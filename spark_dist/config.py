@@ -17,12 +17,13 @@ CONF_ALLOW_UNENCRYPTED = "spark.dist.allowUnencryptedTraining"
 CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # honoured for drop-in users
 CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
 CONF_RETRY_SLOT_WAIT = "spark.dist.retrySlotWaitTimeout"
+CONF_HOST_LOST_TIMEOUT = "spark.dist.hostLostTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
 RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT,
-                CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT)
+                CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT)
 
 BACKENDS = ("ddp", "horovod")
 
@@ -113,6 +114,7 @@ class RunConfig:
     retry_slot_wait_timeout: float = 600.0  # before a retry: time for the cluster to replace lost executors
     rendezvous_timeout: float = 300.0
     abort_grace_period: float = 5.0
+    host_lost_timeout: float = 10.0  # ranks silent this long (no heartbeat) mean their host is lost
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
     max_result_bytes: int = 0  # spark.driver.maxResultSize: the most rank 0's result may be (0: no bound)
     ssl_enabled: bool = False
@@ -200,6 +202,7 @@ class RunConfig:
             retry_slot_wait_timeout=_conf_seconds(conf, CONF_RETRY_SLOT_WAIT, 600.0),
             rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
+            host_lost_timeout=_conf_seconds(conf, CONF_HOST_LOST_TIMEOUT, 10.0),
             collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
             # Local-mode results come back through a file, not a Spark task: Spark's bound does not apply.
             max_result_bytes=0 if local_mode else _max_result_bytes(conf),

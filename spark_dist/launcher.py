@@ -13,19 +13,18 @@ import logging
 import re
 import shutil
 import os
-import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
 from .backends import get_backend
-from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
+from .config import CONF_CHECKPOINT_DIR, CONF_HOST_LOST_TIMEOUT, CONF_RETRY_SLOT_WAIT, RunConfig
+from .pickling import by_value
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, assign_ranks, bind_listener, host_store
 from .backends.base import torchrun_env
-from .worker import Assignment, Job, LaunchSpec, run_barrier_partition, serve_rank, spawn_child
+from .worker import BEAT_ENDED, Assignment, Job, LaunchSpec, run_barrier_partition, serve_rank, spawn_child
 
 log = logging.getLogger("spark_dist")
 
@@ -332,31 +331,11 @@ def _pickle_job(train_object, args, kwargs) -> bytes:
         return cloudpickle.dumps(job)
     if not callable(train_object):
         raise ConfigError(f"train_object must be a function or a path to a .py file, got {type(train_object).__name__}")
-    with _by_value(train_object):
+    with by_value([train_object]):
         try:
             return cloudpickle.dumps(Job(fn=train_object, args=tuple(args), kwargs=dict(kwargs)))
         except Exception as exc:
             raise ConfigError(f"the training function or its arguments cannot be pickled: {exc}") from exc
-
-
-@contextmanager
-def _by_value(fn):
-    """Pickle the function's own module by value when executors could not import it (a test file, a helper
-    module next to a notebook); installed packages stay by reference."""
-    import cloudpickle
-
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    path = getattr(module, "__file__", None) or ""
-    local = (module is not None and module.__name__ != "__main__" and path
-             and "site-packages" not in path and not path.startswith(sys.base_prefix)
-             and not module.__name__.startswith("spark_dist"))
-    if local:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        yield
-    finally:
-        if local:
-            cloudpickle.unregister_pickle_by_value(module)
 
 
 class _Outcome:
@@ -395,6 +374,9 @@ class _Attempt:
         self.empty_slot_since: Dict[int, float] = {}
         self.ranks: List[Any] = []  # RankInfo by task index, once assigned
         self.rendezvous_missing: List[int] = []  # task indexes that never reached the store
+        self.beats: Dict[int, Any] = {}  # rank -> (its beat count, when that count was first seen)
+        self.next_beat_check = 0.0
+        self.lost_ranks: List[Any] = []  # RankInfo of the ranks on a host that went silent
 
     def run(self) -> _Outcome:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
@@ -441,6 +423,15 @@ class _Attempt:
                 None, self.config.driver_host, "timeout",
                 message + (" while the ranks were starting" if self.ranks else " before every rank started"))],
                 timed_out=True)
+        if self.lost_ranks:  # the silent host is the root cause; what its peers reported follows from it
+            lost = [RankFailure(r.rank, r.host, "lost",
+                                f"host {r.host} went silent: no heartbeat from its ranks for "
+                                f"{self.config.host_lost_timeout:g}s ({CONF_HOST_LOST_TIMEOUT}); it may be off the "
+                                "network or its executor frozen", seq=i + 1, time=time.time())
+                    for i, r in enumerate(self.lost_ranks)]
+            lost_ranks = {r.rank for r in self.lost_ranks}
+            return _Outcome(failures=lost + [dataclasses.replace(f, seq=len(lost) + (f.seq or 0))
+                                             for f in failures if f.rank not in lost_ranks])
         # The driver declared the rendezvous timeout: what the tasks did after its abort (a task's own
         # backstop timeout, a cancelled job) follows from it, so the documented error leads, not a "lost" task.
         if not self.rendezvous_missing:
@@ -522,6 +513,12 @@ class _Attempt:
             else:
                 poll = min(poll * 1.5, 0.1)
             self._drain_reports()
+            if assigned and abort_at is None and self._silent_hosts(now):
+                self.store.put("abort", "host lost")
+                abort_at = now
+                if not self.config.local_mode:  # the silent host's tasks cannot stop by themselves: no grace
+                    cancelled = True
+                    self.spark.sparkContext.cancelJobGroup(self.group)
             if abort_at is None and self.store.has("abort"):
                 abort_at = now
             if self.deadline is not None and now > self.deadline and abort_at is None:
@@ -532,6 +529,28 @@ class _Attempt:
                 if not self.config.local_mode:
                     self.spark.sparkContext.cancelJobGroup(self.group)
         return timed_out
+
+    def _silent_hosts(self, now: float) -> bool:
+        """Whether a host went silent: its ranks' supervisors stopped beating (a host off the network, a
+        frozen machine) for ``spark.dist.hostLostTimeout``; Spark itself notices only after its executor
+        heartbeat timeout (60-120 s). Sets ``lost_ranks`` to every unfinished rank on such hosts. Read every
+        half second; a rank that never beat yet (its worker still importing torch) gets 60 s at least."""
+        if now < self.next_beat_check:
+            return False
+        self.next_beat_check = now + 0.5
+        silent_hosts = set()
+        for r in self.ranks:
+            count = self.store.counter(f"beat/{r.rank}", 0)
+            seen_count, since = self.beats.get(r.rank, (None, now))
+            if count != seen_count:
+                self.beats[r.rank] = (count, now)
+                continue
+            bound = self.config.host_lost_timeout if count else max(self.config.host_lost_timeout, 60.0)
+            if count < BEAT_ENDED and now - since > bound:
+                silent_hosts.add(r.host)
+        self.lost_ranks = [r for r in self.ranks if r.host in silent_hosts
+                           and self.store.counter(f"beat/{r.rank}", 0) < BEAT_ENDED]
+        return bool(self.lost_ranks)
 
     def _assign(self, tasks: List[TaskInfo]) -> None:
         ranks = assign_ranks(tasks)

@@ -28,6 +28,8 @@ from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of, join_stor
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
+HEARTBEAT_S = 1.0  # each rank's supervisor counts up beat/<rank> on the driver's store this often
+BEAT_ENDED = 1 << 40  # added to beat/<rank> once the rank has ended
 STDERR_TAIL_BYTES = 16 << 10
 
 
@@ -226,10 +228,14 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
     waiter.start()
     aborted = False
     poll = 0.005
+    next_beat = 0.0
     try:
         while waiter.is_alive():
             waiter.join(poll)
             poll = min(poll * 2, 0.05)
+            if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
+                store.counter(f"beat/{rank.rank}")
+                next_beat = time.monotonic() + HEARTBEAT_S
             if waiter.is_alive() and store.has("abort"):
                 aborted = True
                 if store.get("abort") == "timeout":
@@ -246,6 +252,10 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
         child.kill()
         waiter.join()
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
+    try:
+        store.counter(f"beat/{rank.rank}", BEAT_ENDED)  # no more beats: ended, not lost
+    except Exception:  # noqa: BLE001 -- the driver's store may be gone already
+        pass
     tail.join(timeout=2.0)
     code, ended = exit_code[0]
     failure_path = os.path.join(workdir, "failure.pkl")

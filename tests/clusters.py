@@ -21,14 +21,14 @@ from pyspark.sql import SparkSession
 
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 HERE = os.path.dirname(os.path.abspath(__file__))
-LOCAL, LOCAL_CLUSTER, STANDALONE = "local", "local_cluster", "standalone"
+LOCAL, LOCAL_CLUSTER, STANDALONE, TWO_HOSTS = "local", "local_cluster", "standalone", "two_hosts"
 # Every process this test session starts inherits this variable (JVMs pass their environment on to
 # executors and Python daemons), which lets the leak check find orphans whose parent already died.
 SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
 # Processes that must not outlive a test run.
 SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py")
 
-N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, STANDALONE: 2}  # executors besides the driver
+N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
 
 
 def free_port():
@@ -89,12 +89,13 @@ class StandaloneCluster:
     def worker_pids(self):
         return [w.pid for w in self.workers]
 
-    def _spawn(self, name, args, extra_env=None):
+    def _spawn(self, name, args, extra_env=None, prefix=()):
+        """Start ``spark-class args`` (after ``prefix``, e.g. ``ip netns exec NS``) in its own group."""
         log = open(os.path.join(self.tmpdir, f"{name}.log"), "ab")
-        env = dict(os.environ, SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1", **(extra_env or {}))
+        env = {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1", **(extra_env or {})}
         with log:
             return subprocess.Popen(
-                [os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
+                [*prefix, os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
@@ -196,6 +197,7 @@ class SparkManager:
         self.kind = None
         self.spark = None
         self.cluster = None  # StandaloneCluster, started lazily
+        self.hosts_cluster = None  # two_hosts.TwoHostCluster, started lazily (root only)
 
     def standalone(self):
         if self.cluster is None or not self.cluster.is_running():
@@ -207,6 +209,25 @@ class SparkManager:
             os.makedirs(d)
             self.cluster = StandaloneCluster(d, self.gpu_script).start()
         return self.cluster
+
+    def two_hosts(self):
+        from two_hosts import TwoHostCluster
+
+        if self.hosts_cluster is None or not self.hosts_cluster.is_running():
+            if self.hosts_cluster is not None:
+                if self.kind == TWO_HOSTS:
+                    self.stop()
+                self.hosts_cluster.stop()
+            if self.cluster is not None:  # free the cores: the loopback cluster restarts if a test asks
+                if self.kind == STANDALONE:
+                    self.stop()
+                self.cluster.stop()
+                self.cluster = None
+            d = os.path.join(self.tmpdir, f"two-hosts-{time.time_ns()}")
+            os.makedirs(d)
+            self.hosts_cluster = None
+            self.hosts_cluster = TwoHostCluster(d, self.gpu_script).start()
+        return self.hosts_cluster
 
     def _conf(self, kind):
         conf = {
@@ -239,6 +260,11 @@ class SparkManager:
             })
         elif kind == STANDALONE:
             conf["spark.master"] = self.standalone().master_url
+        elif kind == TWO_HOSTS:
+            from two_hosts import DRIVER_IP
+
+            conf.update({"spark.master": self.two_hosts().master_url, "spark.driver.host": DRIVER_IP,
+                         "spark.driver.bindAddress": DRIVER_IP})
         else:
             raise ValueError(kind)
         return conf
@@ -289,12 +315,13 @@ class SparkManager:
             stop_gateway()
 
     def shutdown(self):
-        cluster, self.cluster = self.cluster, None
+        clusters = [c for c in (self.cluster, self.hosts_cluster) if c is not None]
+        self.cluster = self.hosts_cluster = None
         try:
             self.stop()  # the app first, so that its executors end cleanly
         finally:
             try:
-                if cluster is not None:
+                for cluster in clusters:
                     cluster.stop()
             finally:
                 stop_gateway()

@@ -9,6 +9,8 @@ Fixtures (use at most one spark_* fixture per test: only one SparkContext can li
                        .executor_pids(), .spark_submit, .spark_home. Used without
                        spark_standalone, it first stops the in-process session so that the
                        cluster's cores are free for an app the test submits itself.
+  spark_two_hosts      SparkSession on a standalone cluster whose two workers run in network
+                       namespaces at 10.213.0.2 and .3 (tests/two_hosts.py; root only, else skipped)
   spark_manager        the session-wide SparkManager behind all of these
 """
 import os
@@ -33,7 +35,7 @@ import pytest_timeout  # noqa: E402
 from pyspark import SparkContext  # noqa: E402
 
 from clusters import (  # noqa: E402
-    LOCAL, LOCAL_CLUSTER, SESSION_MARKER, STANDALONE, SparkManager, describe,
+    LOCAL, LOCAL_CLUSTER, SESSION_MARKER, STANDALONE, TWO_HOSTS, SparkManager, describe,
     stop_gateway, wait_for_no_leaks,
 )
 
@@ -45,6 +47,8 @@ def _group(item):
     """Sort key: one switch per kind. Standalone tests using the session run before those that
     only use the cluster (and stop the session), so the session starts once."""
     names = item.fixturenames
+    if "spark_two_hosts" in names:
+        return 5
     if "spark_standalone" in names:
         return 3
     if "standalone_cluster" in names:
@@ -106,6 +110,16 @@ def standalone_cluster(spark_manager, request):
 @pytest.fixture
 def spark_standalone(spark_manager, standalone_cluster):
     yield from _session(spark_manager, STANDALONE)
+
+
+@pytest.fixture
+def spark_two_hosts(spark_manager):
+    import two_hosts
+
+    reason = two_hosts.available()
+    if reason:
+        pytest.skip(f"two hosts in network namespaces: {reason}")
+    yield from _session(spark_manager, TWO_HOSTS)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -139,7 +139,3 @@ def gloo_iface(host: str) -> Optional[str]:
     from ..rendezvous import interface_of
 
     return interface_of(host)
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] in wanted for a in addrs):
-            return name
-    return None

@@ -2,9 +2,11 @@
 
 Where the cache lives: ``petastorm.spark.converter.parentCacheDirUrl`` (the key Petastorm reads) when set,
 else a fresh directory under ``spark.local.dir`` or the system temp dir, as a ``file://`` URL.
-Executors write the cache and ranks read it, so it must be a filesystem all of them see. A ``file://`` cache
-works with ``local[N]``, ``local-cluster`` and a standalone cluster whose workers all run on the driver's
-machine; when an executor runs on another host, :func:`prepare_datasets` refuses it before any job.
+Executors write the cache and ranks read it, so it must be a filesystem all of them see. The default
+``file://`` directory works with ``local[N]``, ``local-cluster`` and a standalone cluster whose workers all
+run on the driver's machine; when an executor runs on another host, :func:`prepare_datasets` refuses it
+before any job. A ``file:`` directory the user named (an NFS mount, ``/dbfs``) is accepted once every
+executor host was seen to find a marker file the driver wrote there.
 """
 import atexit
 import functools
@@ -184,6 +186,13 @@ def remote_hosts(driver_host: str, executor_hosts: Iterable[str]) -> List[str]:
 
 
 def _check_reachable(spark, parent_url: str) -> None:
+    """Refuse a ``file:`` cache that executors on other hosts cannot see, before any write.
+
+    The default directory (on the driver's disk) is refused outright when executors run elsewhere. A
+    directory the user named in the conf may be a shared mount (NFS, ``/dbfs``): the executors are asked
+    whether they see a marker file the driver writes there (one small Spark job, once per directory and
+    application).
+    """
     sc = spark.sparkContext
     master = sc.master
     if master == "local" or master.startswith("local[") or urlparse(parent_url).scheme != "file":
@@ -193,15 +202,47 @@ def _check_reachable(spark, parent_url: str) -> None:
 
     hosts = executor_hosts(sc)
     far = remote_hosts(driver_host, hosts)
-    if far:
+    if far and not spark.conf.get(CACHE_DIR_CONF, None):
         raise DatasetError(
             f"the dataset cache {parent_url} is on the driver's local disk, but executors run on other hosts "
             f"({', '.join(far)}) and could neither write it nor read it; set {CACHE_DIR_CONF} to a filesystem "
             "every executor sees (hdfs://..., s3a://..., or file:/dbfs/... or an NFS mount present on all hosts)")
+    if far and (sc.applicationId, parent_url) not in _seen_by_executors:
+        blind = _hosts_not_seeing(sc, local_path(parent_url), len(hosts))
+        if blind:
+            raise DatasetError(
+                f"{CACHE_DIR_CONF}={parent_url}: executors on {', '.join(blind)} do not see this directory (a "
+                "marker file the driver wrote there was not found); mount it on every host or set the key to "
+                "a filesystem every executor sees (hdfs://..., s3a://...)")
+        _seen_by_executors.add((sc.applicationId, parent_url))
     if len(hosts) <= 1:
         logger.warning("spark_dist: no executor has registered yet, so cannot check that they all see the "
                        "dataset cache %s; on a multi-host cluster set %s to a shared filesystem",
                        parent_url, CACHE_DIR_CONF)
+
+
+_seen_by_executors: set = set()  # (application id, cache dir URL) that every executor host was seen to see
+
+
+def _hosts_not_seeing(sc, directory: str, executors: int) -> List[str]:
+    """The executor hosts on which ``directory`` lacks the marker file the driver writes there now."""
+    os.makedirs(directory, exist_ok=True)
+    marker = os.path.join(directory, f".spark_dist-marker-{uuid.uuid4().hex}")
+    with open(marker, "w") as f:
+        f.write("written by the spark_dist driver to check that executors share this directory\n")
+    try:
+        tasks = max(2 * executors, 2)  # enough tasks that every executor runs one
+
+        def look(_):
+            import os as _os
+
+            host = _os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+            return [(host, _os.path.exists(marker))]
+
+        seen = sc.parallelize(range(tasks), tasks).mapPartitions(look).collect()
+    finally:
+        os.unlink(marker)
+    return sorted({host for host, found in seen if not found})
 
 
 # -- materialise, checking the values on the way (one Spark job) --------------------------------------------

@@ -6,22 +6,9 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
+from ..errors import DatasetError
+
 SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
-
-
-class DatasetError(ValueError):
-    """A dataset cannot be used for training; the message names the dataset, the column and what to change.
-
-    ``dataset`` and ``column`` say which, where the error is about one (else ``None``), so that a caller can
-    name its own Param for them.
-    """
-
-    def __init__(self, message: str, dataset: Optional[str] = None, column: Optional[str] = None):
-        super().__init__(message)
-        self.dataset, self.column = dataset, column
-
-    def __reduce__(self):  # keep dataset and column when a rank's error travels to the driver
-        return type(self), (str(self), self.dataset, self.column)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from pyspark.ml.param.shared import (
     HasFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPredictionCol, HasSeed,
 )
 
+from ..config import BACKENDS
 from ..errors import ConfigError
 
 LOSSES = ("cross_entropy", "mse", "bce_with_logits")
 OPTIMIZERS = ("adam", "sgd", "adamw")
-BACKENDS = ("ddp", "horovod")
 
 # Params whose values are Python objects rather than JSON: persistence keeps them in a file of their own.
 OBJECT_PARAMS = ("model", "loss", "optimizer")

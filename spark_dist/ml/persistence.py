@@ -17,58 +17,18 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
-from contextlib import contextmanager
-from typing import Any, Dict, Iterable, Tuple
+from typing import Any, Dict, Tuple
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from ..jvm import read_bytes, write_bytes
+from ..pickling import by_value
 from .params import OBJECT_PARAMS
 
 OBJECTS_FILE = "torch.pt"
 
 
 # -- pickling torch objects -----------------------------------------------------------------------------------
-def _local_modules(objects: Iterable[Any]):
-    """The Python modules defining these objects' classes (and submodules' classes) that are not installed:
-    executors and later sessions may not be able to import them, so they are pickled by value."""
-    import torch
-
-    seen = set()
-    for obj in objects:
-        parts = list(obj.modules()) if isinstance(obj, torch.nn.Module) else [obj]
-        for part in parts:
-            for owner in (type(part), part):
-                name = getattr(owner, "__module__", None) or ""
-                module = sys.modules.get(name)
-                path = getattr(module, "__file__", None) or ""
-                if (module is None or name in seen or name == "__main__" or not path
-                        or "site-packages" in path or "dist-packages" in path
-                        or path.startswith(sys.base_prefix) or name.split(".")[0] in ("spark_dist", "torch")):
-                    continue
-                seen.add(name)
-                yield module
-
-
-@contextmanager
-def _by_value(objects: Iterable[Any]):
-    import cloudpickle
-
-    registered = []
-    for module in _local_modules(objects):
-        try:
-            cloudpickle.register_pickle_by_value(module)
-            registered.append(module)
-        except ValueError:  # not importable by its name: pickled by value anyway
-            pass
-    try:
-        yield
-    finally:
-        for module in registered:
-            cloudpickle.unregister_pickle_by_value(module)
-
-
 def dumps(obj: Any) -> bytes:
     """``torch.save`` with cloudpickle as the pickler (module objects, callables, weights, all in one)."""
     import cloudpickle
@@ -76,7 +36,7 @@ def dumps(obj: Any) -> bytes:
 
     values = obj.values() if isinstance(obj, dict) else [obj]
     buffer = io.BytesIO()
-    with _by_value(values):
+    with by_value(values):
         torch.save(obj, buffer, pickle_module=cloudpickle)
     return buffer.getvalue()
 

@@ -1,0 +1,153 @@
+"""Two hosts (network namespaces, tests/two_hosts.py): what only shows when ranks are on different hosts.
+
+The namespaces resolve the machine's host name to 127.0.0.1, as many containers do; gloo's own choice of
+address then breaks its mesh across hosts, which spark_dist avoids by naming the interface of each task's
+Spark address.
+"""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from spark_dist import Distributor, get_context
+
+
+def where_am_i():
+    dist.init_process_group("gloo")
+    ctx = get_context()
+    mine = {key: os.environ.get(key) for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                   "GROUP_RANK", "MASTER_ADDR", "GLOO_SOCKET_IFNAME")}
+    mine["host"] = ctx.host
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)  # gloo's full mesh, across the two hosts
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"ranks": everyone, "sum": float(total)}
+
+
+def test_ranks_on_two_hosts_get_torchrun_variables_and_a_working_gloo_mesh(spark_two_hosts):
+    out = Distributor(num_processes=2, verbose=False).run(where_am_i)
+    assert out["sum"] == 2.0
+    by_rank = sorted(out["ranks"], key=lambda r: int(r["RANK"]))
+    assert {r["host"] for r in by_rank} == {"10.213.0.2", "10.213.0.3"}  # one rank per host
+    for node, r in enumerate(by_rank):
+        assert (r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["LOCAL_WORLD_SIZE"], r["GROUP_RANK"]) == (
+            str(node), "0", "2", "1", str(node))
+        assert r["MASTER_ADDR"] == "10.213.0.1"  # the driver's store, on the driver's address
+        assert r["GLOO_SOCKET_IFNAME"] == "eth0"  # the namespace's interface, not loopback
+
+
+def my_labels():
+    ctx = get_context()
+    dist.init_process_group("gloo")
+    labels = sorted(int(v) for batch in ctx.loader("train", batch_size=10, epoch=0) for v in batch["label"])
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, (ctx.host, labels))
+    dist.destroy_process_group()
+    return everyone
+
+
+def test_each_host_reads_a_disjoint_equal_shard_of_a_shared_cache(spark_two_hosts, tmp_path):
+    from pyspark.sql import functions as F
+
+    from spark_dist.data import CACHE_DIR_CONF, DatasetError, prepare_datasets
+
+    df = spark_two_hosts.range(200).select(F.array(F.col("id").cast("float")).alias("x"),
+                                           F.col("id").alias("label"))
+    # The default cache dir is on the driver's disk: refused while executors run on other hosts.
+    try:
+        prepare_datasets(spark_two_hosts, {"train": df}, num_ranks=2)
+        raise AssertionError("a driver-local cache was accepted with executors on other hosts")
+    except DatasetError as exc:
+        assert CACHE_DIR_CONF in str(exc) and "10.213.0.2" in str(exc)
+    # A directory the user names is checked by the executors (here every host mounts the same disk).
+    spark_two_hosts.conf.set(CACHE_DIR_CONF, f"file://{tmp_path}")
+    try:
+        shards = Distributor(num_processes=2, verbose=False).run(my_labels, datasets={"train": df})
+    finally:
+        spark_two_hosts.conf.unset(CACHE_DIR_CONF)
+    (host_a, a), (host_b, b) = shards
+    assert {host_a, host_b} == {"10.213.0.2", "10.213.0.3"}
+    assert len(a) == len(b) == 100 and not set(a) & set(b) and sorted(a + b) == list(range(200))
+
+
+def test_a_killed_rank_resumes_across_hosts_with_identical_weights(spark_two_hosts, tmp_path):
+    import test_reliability
+
+    test_reliability.test_a_killed_rank_resumes_from_its_checkpoint_with_identical_weights(spark_two_hosts, tmp_path)
+
+
+def listeners_of_a_rank():
+    import psutil
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    mine = sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN})
+    everyone = [None] * get_context().world_size
+    dist.all_gather_object(everyone, (get_context().host, mine))
+    dist.destroy_process_group()
+    return everyone
+
+
+def test_no_listener_on_any_address_but_its_own_host(spark_two_hosts):
+    import threading
+
+    import psutil
+
+    def listening():
+        return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN}
+
+    before, seen, done = listening(), set(), threading.Event()
+
+    def watch():  # the driver's own listeners while the run is on (its store); the JVM's are Spark's
+        while not done.is_set():
+            seen.update(listening() - before)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        ranks = Distributor(num_processes=2, verbose=False).run(listeners_of_a_rank)
+    finally:
+        done.set()
+        watcher.join()
+    assert seen and {ip for ip, _ in seen} == {"10.213.0.1"}  # the store: the driver's address only
+    for host, ips in ranks:
+        assert ips == [host]  # gloo's listeners in each rank: its host's address, never 0.0.0.0
+
+
+def train_for_a_while():
+    dist.init_process_group("gloo")
+    for _ in range(600):  # ~60 s of steps, far longer than the test waits
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.1)
+    return "finished"
+
+
+def test_a_host_taken_off_the_network_is_named_within_the_bound(spark_two_hosts, spark_manager):
+    # Last in this file: it breaks the two-host cluster, which is then stopped (a later test starts a new one).
+    import threading
+
+    from spark_dist import TrainingFailedError
+
+    cluster = spark_manager.hosts_cluster
+    started = time.monotonic()
+    threading.Timer(8.0, cluster.take_down, args=(1,)).start()  # host 10.213.0.3, mid-run
+    try:
+        try:
+            Distributor(num_processes=2, verbose=False).run(train_for_a_while)
+            raise AssertionError("the run finished although a host was off the network")
+        except TrainingFailedError as exc:
+            error, took = exc, time.monotonic() - started - 8.0
+    finally:
+        spark_manager.stop()
+        cluster.stop()
+        spark_manager.hosts_cluster = None
+    assert error.first.kind == "lost" and error.host == "10.213.0.3"
+    assert "spark.dist.hostLostTimeout" in str(error)
+    lost = [f for f in error.failures.values() if f.kind == "lost"]
+    assert [f.host for f in lost] == ["10.213.0.3"]  # every rank on that host (here: one) and no other
+    assert took < 15, f"the lost host was reported {took:.1f} s after its link went down"

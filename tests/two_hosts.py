@@ -1,0 +1,111 @@
+"""Two hosts on one machine: network namespaces on a bridge, a standalone worker in each, the master and
+the driver in the root namespace.
+
+    bridge spdist-br0  10.213.0.1/24   (root namespace: master, driver)
+    namespace spdist-h1 eth0 10.213.0.2  worker 1
+    namespace spdist-h2 eth0 10.213.0.3  worker 2
+
+The namespaces keep the machine's /etc/hosts, where its host name resolves to 127.0.0.1, as in many
+containers: exactly what breaks gloo's mesh across hosts unless spark_dist points gloo at the right
+interface. No default route: nothing leaves the bridge. Needs root and iproute2; `available()` says why
+not. Everything is removed by `stop()` (processes by group, then namespaces and the bridge), also after
+a failed start, and stale ones of a crashed earlier run are removed before starting.
+"""
+import os
+import shutil
+import subprocess
+import time
+
+from clusters import StandaloneCluster, _wait_for, free_port
+
+BRIDGE, DRIVER_IP = "spdist-br0", "10.213.0.1"
+HOSTS = (("spdist-h1", "spdist-v1", "10.213.0.2"), ("spdist-h2", "spdist-v2", "10.213.0.3"))
+
+
+def available():
+    """``None`` when namespaces can be made here, else the reason."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    return None
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def _remove_network():
+    for ns, veth, _ in HOSTS:
+        _ip("netns", "del", ns, check=False)
+        _ip("link", "del", veth, check=False)
+    _ip("link", "del", BRIDGE, check=False)
+
+
+def _make_network():
+    _remove_network()  # what a crashed earlier run of ours left
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{DRIVER_IP}/24", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    for ns, veth, address in HOSTS:
+        _ip("netns", "add", ns)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("link", "set", veth, "master", BRIDGE)
+        _ip("link", "set", veth, "up")
+        _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+
+class TwoHostCluster(StandaloneCluster):
+    """A standalone master on the bridge address and one worker (1 core) in each namespace."""
+
+    def __init__(self, tmpdir, gpu_script):
+        super().__init__(tmpdir, gpu_script, n_workers=len(HOSTS), cores=1)
+        self.hosts = [address for _, _, address in HOSTS]
+
+    def start(self):
+        try:
+            _make_network()
+            port, ui_port = free_port(), free_port()
+            self.master_url = f"spark://{DRIVER_IP}:{port}"
+            self.webui_url = f"http://{DRIVER_IP}:{ui_port}"
+            self.master = self._spawn("master", [
+                "org.apache.spark.deploy.master.Master", "--host", DRIVER_IP, "--port", str(port),
+                "--webui-port", str(ui_port)], extra_env={"SPARK_LOCAL_IP": DRIVER_IP})
+            for i, (ns, _, address) in enumerate(HOSTS):
+                work_dir = os.path.join(self.tmpdir, f"worker-{ns}")
+                os.makedirs(work_dir, exist_ok=True)
+                self.workers.append(self._spawn(
+                    f"worker-{ns}",
+                    ["org.apache.spark.deploy.worker.Worker", "--host", address, "--cores", "1",
+                     "--memory", self.memory, "--webui-port", str(free_port()), "--work-dir", work_dir,
+                     self.master_url],
+                    extra_env={"SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address},
+                    prefix=("ip", "netns", "exec", ns)))
+
+            def ready():
+                if not self.is_running():
+                    raise RuntimeError(f"a two-host JVM exited early; see logs in {self.tmpdir}")
+                try:
+                    return len(self._alive_workers()) == len(HOSTS)
+                except OSError:
+                    return False
+
+            _wait_for("workers in both namespaces to register", ready, timeout=120, interval=0.5)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        try:
+            super().stop()
+        finally:
+            time.sleep(0.2)  # let the namespaces' last sockets close before their links go
+            _remove_network()
+
+    def take_down(self, index):
+        """Take host ``index`` off the network (its link down), as a lost host looks to the others."""
+        ns, veth, _ = HOSTS[index]
+        _ip("link", "set", veth, "down")
