@@ -28,6 +28,11 @@ def available():
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "iproute2's `ip` is not installed"
+    # Root without CAP_NET_ADMIN (some containers) cannot make links or namespaces: try once.
+    probe = _ip("netns", "add", "spdist-probe", check=False)
+    _ip("netns", "del", "spdist-probe", check=False)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace here: {probe.stderr.strip()}"
     return None
 
 
