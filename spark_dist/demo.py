@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 
 def train(epochs: int, lr: float, batch_size: int):
@@ -65,6 +66,8 @@ def held_out_accuracy(state_dict, val_df) -> float:
 
 
 def main(argv=None) -> int:
+    # pyspark 4.3 on pandas 3 (the Spark 4 line's pin) prints a blanket notice on every pandas conversion.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--num-processes", type=int, default=2)

@@ -128,6 +128,11 @@ def _no_leaked_processes():
     yield
     _shutdown()
     leaks = wait_for_no_leaks(MARKER)
+    # Work dirs of the Python workers the tests killed on purpose: the next run would sweep them; this
+    # session's last run was the last, so sweep now (every owner is dead by now, see the leak check).
+    from spark_dist import tempdirs
+
+    tempdirs.sweep("rank")
     if leaks:
         msg = describe(leaks)
         for p in leaks:  # all of them were started by this session (descendant or marker)
