@@ -538,9 +538,10 @@ class _Attempt:
         if now < self.next_beat_check:
             return False
         self.next_beat_check = now + 0.5
+        counts = {r.rank: self.store.counter(f"beat/{r.rank}", 0) for r in self.ranks}
         silent_hosts = set()
         for r in self.ranks:
-            count = self.store.counter(f"beat/{r.rank}", 0)
+            count = counts[r.rank]
             seen_count, since = self.beats.get(r.rank, (None, now))
             if count != seen_count:
                 self.beats[r.rank] = (count, now)
@@ -548,8 +549,7 @@ class _Attempt:
             bound = self.config.host_lost_timeout if count else max(self.config.host_lost_timeout, 60.0)
             if count < BEAT_ENDED and now - since > bound:
                 silent_hosts.add(r.host)
-        self.lost_ranks = [r for r in self.ranks if r.host in silent_hosts
-                           and self.store.counter(f"beat/{r.rank}", 0) < BEAT_ENDED]
+        self.lost_ranks = [r for r in self.ranks if r.host in silent_hosts and counts[r.rank] < BEAT_ENDED]
         return bool(self.lost_ranks)
 
     def _assign(self, tasks: List[TaskInfo]) -> None:

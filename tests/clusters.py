@@ -130,7 +130,15 @@ class StandaloneCluster:
                  "--webui-port", str(free_port()), "--work-dir", work_dir,
                  "--properties-file", props, self.master_url],
                 extra_env={"FAKE_GPU_ADDRESS": str(i)}))
+        try:
+            self._wait_for_workers("standalone workers to register", timeout=90)
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
+    def _wait_for_workers(self, what, timeout):
+        """Until every worker is ALIVE on the master; fails at once if one of our JVMs exited."""
         def ready():
             if not self.is_running():
                 raise RuntimeError(f"a standalone JVM exited early; see logs in {self.tmpdir}")
@@ -139,12 +147,7 @@ class StandaloneCluster:
             except OSError:  # master UI not up yet
                 return False
 
-        try:
-            _wait_for("standalone workers to register", ready, timeout=90, interval=0.5)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        _wait_for(what, ready, timeout=timeout, interval=0.5)
 
     def executor_pids(self):
         """Executor JVMs the workers run now (children of the worker JVMs)."""

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import time
 
-from clusters import StandaloneCluster, _wait_for, free_port
+from clusters import StandaloneCluster, free_port
 
 BRIDGE, DRIVER_IP = "spdist-br0", "10.213.0.1"
 HOSTS = (("spdist-h1", "spdist-v1", "10.213.0.2"), ("spdist-h2", "spdist-v2", "10.213.0.3"))
@@ -88,16 +88,7 @@ class TwoHostCluster(StandaloneCluster):
                      self.master_url],
                     extra_env={"SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address},
                     prefix=("ip", "netns", "exec", ns)))
-
-            def ready():
-                if not self.is_running():
-                    raise RuntimeError(f"a two-host JVM exited early; see logs in {self.tmpdir}")
-                try:
-                    return len(self._alive_workers()) == len(HOSTS)
-                except OSError:
-                    return False
-
-            _wait_for("workers in both namespaces to register", ready, timeout=120, interval=0.5)
+            self._wait_for_workers("workers in both namespaces to register", timeout=120)
         except BaseException:
             self.stop()
             raise
