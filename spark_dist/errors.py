@@ -44,6 +44,8 @@ _SECONDARY_MARKERS = (
     "HorovodInternalError",
     "Socket Timeout",
     "timed out in call to",
+    # gloo ends every read and write error on a pair with this, whatever errno it saw: the peer went away.
+    "typically caused by a remote worker hanging",
 )
 
 
@@ -108,7 +110,7 @@ class RankFailure:
             return f"{who} on host {self.host} {state} ({self.message}){': at ' + where if where else ''}"
         if self.kind == "exit":
             return f"{who} on host {self.host} exited with code {self.exit_code}: {self.message}"
-        if self.exc_type:
+        if self.exc_type and self.kind != "lost":  # a lost task's exc_type is Spark's, not the rank's
             return f"{who} on host {self.host} raised {self.exc_type}: {self.message}"
         return f"{who} on host {self.host}: {self.message}"
 

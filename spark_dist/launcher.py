@@ -7,10 +7,8 @@ the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedEr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
-import re
 import shutil
 import os
 import tempfile
@@ -19,12 +17,15 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .backends import get_backend
-from .config import CONF_CHECKPOINT_DIR, CONF_HOST_LOST_TIMEOUT, CONF_RETRY_SLOT_WAIT, RunConfig
+from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, assign_ranks, bind_listener, host_store
 from .backends.base import torchrun_env
-from .worker import BEAT_ENDED, Assignment, Job, LaunchSpec, run_barrier_partition, serve_rank, spawn_child
+from .outcome import JobError, Outcome, Seen, outcome_of, worth_retrying
+from .protocol import (ABORT, ASSIGNMENT, BEAT_ENDED, FAILURE_SEQ, REPORT_SEQ, Abort, Assignment, Job, LaunchSpec,
+                       beat_key, failure_key, report_key, stack_key, task_key)
+from .worker import run_barrier_partition, serve_rank, spawn_child
 
 log = logging.getLogger("spark_dist")
 
@@ -116,14 +117,17 @@ class Distributor:
                 outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
                                    spark, remaining).run()
             if outcome.failures is None:
+                import cloudpickle
+
+                result = cloudpickle.loads(outcome.result_bytes)
                 self._summary(config, attempt, time.monotonic() - started)
                 if config.checkpoint_dir is None and not config.resume:
                     shutil.rmtree(checkpoint_dir, ignore_errors=True)  # our per-run default: done with it
-                return outcome.result
+                return result
             previous, failures_seen = failures_seen, outcome.failures
             if outcome.timed_out:
                 raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
-            if attempt < config.max_retries and _worth_retrying(failures_seen, config.num_processes, previous):
+            if attempt < config.max_retries and worth_retrying(failures_seen, config.num_processes, previous):
                 log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
                             root_cause(failures_seen).headline())
                 backend = get_backend(config.backend)
@@ -284,31 +288,7 @@ def _private_dir(name: str) -> str:
     return path
 
 
-# Failures that would happen again on every attempt: a module missing on the executors, a result too big.
-_DETERMINISTIC = frozenset({"ModuleNotFoundError", "ImportError", "spark_dist.result.ResultTooLargeError"})
-
-
-def _digits_masked(message: str) -> str:
-    return re.sub(r"\d+", "#", message)
-
-
-REPORT_SLOT_GRACE_S = 2.0
-
-
-def _worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
-    """Retry a lost task, a killed process, or an exception on some ranks; not an exception that every rank
-    raised alike, nor the same root-cause exception as the attempt before: a bug in the code fails again."""
-    raised = [f for f in failures if f.kind == "exception" and not f.secondary]
-    if any(f.exc_type in _DETERMINISTIC for f in raised):
-        return False
-    # Alike: the same type and message but for numbers (a rank, a shape, an address differs per rank).
-    if len(raised) >= world_size and len({(f.exc_type, _digits_masked(f.message)) for f in raised}) == 1:
-        return False
-    if previous:
-        now, before = root_cause(failures), root_cause(previous)
-        if now.kind == before.kind == "exception" and (now.exc_type, now.message) == (before.exc_type, before.message):
-            return False
-    return True
+REPORT_SLOT_GRACE_S = 2.0  # an empty report slot is skipped after this long (see _drain_reports)
 
 
 def _pickle_job(train_object, args, kwargs) -> bytes:
@@ -338,13 +318,6 @@ def _pickle_job(train_object, args, kwargs) -> bytes:
             raise ConfigError(f"the training function or its arguments cannot be pickled: {exc}") from exc
 
 
-class _Outcome:
-    def __init__(self, result=None, failures=None, timed_out=False):
-        self.result = result
-        self.failures = failures
-        self.timed_out = timed_out
-
-
 class _Attempt:
     """One attempt: its own store, secret, ports and job group, so nothing of an earlier attempt can join."""
 
@@ -372,13 +345,14 @@ class _Attempt:
         self.done = threading.Event()
         self.reports_seen = 0
         self.empty_slot_since: Dict[int, float] = {}
+        self.tasks: List[TaskInfo] = []  # TaskInfo by task index, once all tasks came
         self.ranks: List[Any] = []  # RankInfo by task index, once assigned
         self.rendezvous_missing: List[int] = []  # task indexes that never reached the store
         self.beats: Dict[int, Any] = {}  # rank -> (its beat count, when that count was first seen)
         self.next_beat_check = 0.0
         self.lost_ranks: List[Any] = []  # RankInfo of the ranks on a host that went silent
 
-    def run(self) -> _Outcome:
+    def run(self) -> Outcome:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
         thread.start()
         try:
@@ -395,11 +369,11 @@ class _Attempt:
         try:
             timed_out = self._watch()
             thread.join()
-            if self.job_error and not self.store.has("abort"):
-                self.store.put("abort", "the Spark job failed")  # supervisors still running stop their ranks
+            if self.job_error and not self.store.has(ABORT):
+                self.store.put(ABORT, Abort.JOB_FAILED)  # supervisors still running stop their ranks
             self._drain_reports(final=True)
         except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
-            self.store.put("abort", "cancelled on the driver")
+            self.store.put(ABORT, Abort.CANCELLED)
             if not self.config.local_mode:
                 self.spark.sparkContext.cancelJobGroup(self.group)
             thread.join(self.config.abort_grace_period + 5)
@@ -407,50 +381,25 @@ class _Attempt:
             raise
         finally:
             self.backend.stop()
-        failures = [self.store.get(f"failure/{i}") for i in range(1, self.store.counter("failure_seq", 0) + 1)
-                    if self.store.has(f"failure/{i}")]  # a counter bumped by a stranger or a killed task
-        stacks = {r.rank: self.store.get(f"stack/{r.rank}") for r in self.ranks if self.store.has(f"stack/{r.rank}")}
+        seen = self._seen(timed_out)
         self._close()
-        if timed_out:
-            message = f"the run exceeded timeout={self.config.timeout:g}s"
-            hung = [RankFailure(r.rank, r.host, "timeout", message, traceback=stacks[r.rank], seq=r.rank + 1)
-                    for r in self.ranks if r.rank in stacks]
-            # Whatever a rank reported after the timeout's abort echoes it (an all-reduce that lost the rank
-            # we stopped first): the stacks lead, and such a report stands only for a rank without one.
-            echoes = [dataclasses.replace(f, seq=len(self.ranks) + 1 + (f.seq or 0))
-                      for f in failures if f.rank not in stacks]
-            return _Outcome(failures=hung + echoes or [RankFailure(
-                None, self.config.driver_host, "timeout",
-                message + (" while the ranks were starting" if self.ranks else " before every rank started"))],
-                timed_out=True)
-        if self.lost_ranks:  # the silent host is the root cause; what its peers reported follows from it
-            lost = [RankFailure(r.rank, r.host, "lost",
-                                f"host {r.host} went silent: no heartbeat from its ranks for "
-                                f"{self.config.host_lost_timeout:g}s ({CONF_HOST_LOST_TIMEOUT}); it may be off the "
-                                "network or its executor frozen", seq=i + 1, time=time.time())
-                    for i, r in enumerate(self.lost_ranks)]
-            lost_ranks = {r.rank for r in self.lost_ranks}
-            return _Outcome(failures=lost + [dataclasses.replace(f, seq=len(lost) + (f.seq or 0))
-                                             for f in failures if f.rank not in lost_ranks])
-        # The driver declared the rendezvous timeout: what the tasks did after its abort (a task's own
-        # backstop timeout, a cancelled job) follows from it, so the documented error leads, not a "lost" task.
-        if not self.rendezvous_missing:
-            if self.job_error and all(f.secondary for f in failures):
-                # A rank whose worker died reports nothing itself; its peers only saw the connection drop.
-                failures = [_lost_task_failure(self.job_error[0], self.config.driver_host, self.ranks), *failures]
-            if failures:
-                return _Outcome(failures=failures)
-        if self.rendezvous_missing or not any(r[0] == "result" for r in self.records):
-            missing = ", ".join(map(str, self.rendezvous_missing)) or "none"
-            return _Outcome(failures=[RankFailure(
-                None, self.config.driver_host, "timeout",
-                f"the ranks did not all start within spark.dist.rendezvousTimeout="
-                f"{self.config.rendezvous_timeout:g}s (tasks that never reached the driver's store at "
-                f"{self.config.driver_host}: {missing})")])
-        chunks = sorted((r[2], r[3]) for r in self.records if r[0] == "result")
-        import cloudpickle
+        return outcome_of(seen)
 
-        return _Outcome(result=cloudpickle.loads(b"".join(c for _, c in chunks)))
+    def _seen(self, timed_out: bool) -> Seen:
+        """What this attempt saw, read from the store once the job has ended."""
+        store = self.store
+        # Numbers a stranger or a killed task took without writing a signed value are skipped.
+        failures = tuple(store.get(failure_key(i)) for i in range(1, store.counter(FAILURE_SEQ, 0) + 1)
+                         if store.has(failure_key(i)))
+        stacks = {r.rank: store.get(stack_key(r.rank)) for r in self.ranks if store.has(stack_key(r.rank))}
+        error = self.job_error[0] if self.job_error else None
+        return Seen(
+            driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
+            host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout, now=time.time(),
+            tasks=tuple(self.tasks), ranks=tuple(self.ranks), failures=failures, stacks=stacks,
+            records=tuple(self.records), timed_out=timed_out, lost_ranks=tuple(r.rank for r in self.lost_ranks),
+            rendezvous_missing=tuple(self.rendezvous_missing),
+            job_error=None if error is None else JobError(type(error).__name__, str(error)))
 
     def _job(self) -> None:
         try:
@@ -502,27 +451,27 @@ class _Attempt:
         while not self.done.wait(poll):
             now = time.monotonic()
             if not assigned and abort_at is None:
-                if all(self.store.has(f"task/{i}") for i in range(n)):
-                    self._assign([self.store.get(f"task/{i}") for i in range(n)])
+                if all(self.store.has(task_key(i)) for i in range(n)):
+                    self._assign([self.store.get(task_key(i)) for i in range(n)])
                     assigned = True
                     poll = 0.01
                 elif now > rendezvous_deadline:
-                    self.store.put("abort", "rendezvous timeout")
+                    self.store.put(ABORT, Abort.RENDEZVOUS_TIMEOUT)
                     abort_at = now
-                    self.rendezvous_missing = [i for i in range(n) if not self.store.has(f"task/{i}")]
+                    self.rendezvous_missing = [i for i in range(n) if not self.store.has(task_key(i))]
             else:
                 poll = min(poll * 1.5, 0.1)
             self._drain_reports()
             if assigned and abort_at is None and self._silent_hosts(now):
-                self.store.put("abort", "host lost")
+                self.store.put(ABORT, Abort.HOST_LOST)
                 abort_at = now
                 if not self.config.local_mode:  # the silent host's tasks cannot stop by themselves: no grace
                     cancelled = True
                     self.spark.sparkContext.cancelJobGroup(self.group)
-            if abort_at is None and self.store.has("abort"):
+            if abort_at is None and self.store.has(ABORT):
                 abort_at = now
             if self.deadline is not None and now > self.deadline and abort_at is None:
-                self.store.put("abort", "timeout")
+                self.store.put(ABORT, Abort.TIMEOUT)
                 abort_at, timed_out = now, True
             if abort_at is not None and not cancelled and now - abort_at > self.config.abort_grace_period:
                 cancelled = True
@@ -538,7 +487,7 @@ class _Attempt:
         if now < self.next_beat_check:
             return False
         self.next_beat_check = now + 0.5
-        counts = {r.rank: self.store.counter(f"beat/{r.rank}", 0) for r in self.ranks}
+        counts = {r.rank: self.store.counter(beat_key(r.rank), 0) for r in self.ranks}
         silent_hosts = set()
         for r in self.ranks:
             count = counts[r.rank]
@@ -554,26 +503,26 @@ class _Attempt:
 
     def _assign(self, tasks: List[TaskInfo]) -> None:
         ranks = assign_ranks(tasks)
-        self.ranks = ranks
+        self.tasks, self.ranks = tasks, ranks
         extra = self.backend.start(ranks, self.config.driver_host, self.config.run_id,
                                    bind_address=self.config.bind_address)
         envs = tuple({**torchrun_env(r, self.spec.store_host, self.spec.store_port, self.attempt, self.config.use_gpu),
                       **extra.get(r.rank, {})} for r in ranks)
-        self.store.put("assignment", Assignment(tuple(ranks), envs))
+        self.store.put(ASSIGNMENT, Assignment(tuple(ranks), envs))
 
     def _drain_reports(self, final: bool = False) -> None:
         """Relay the reports in order. A slot whose number was taken but which holds no signed value (a
         stranger bumped the counter or wrote a forged value; a rank died between counting and writing) is
         skipped once it has stayed empty for REPORT_SLOT_GRACE_S (at once when the job has ended), so it
         never holds up the real reports."""
-        latest = self.store.counter("report_seq", 0)
+        latest = self.store.counter(REPORT_SEQ, 0)
         now = time.monotonic()
         for seq in range(self.reports_seen + 1, latest + 1):
             self.empty_slot_since.setdefault(seq, now)  # the grace runs from when the number was first seen
         while self.reports_seen < latest:
             seq = self.reports_seen + 1
-            if self.store.has(f"report/{seq}"):
-                self.owner._on_report(self.store.get(f"report/{seq}"))
+            if self.store.has(report_key(seq)):
+                self.owner._on_report(self.store.get(report_key(seq)))
             elif not final and now - self.empty_slot_since[seq] < REPORT_SLOT_GRACE_S:
                 return  # maybe a rank between counting and writing: look again at the next poll
             self.empty_slot_since.pop(seq, None)
@@ -584,27 +533,3 @@ class _Attempt:
         self.store = None
         self._store_server = None
 
-
-def _lost_task_failure(exc: BaseException, host: str, ranks) -> RankFailure:
-    """A Spark-level failure (executor lost, task killed, the task's Python failed before its rank started)
-    with no rank report: name the rank of the failed barrier task when Spark says which it was, and lead with
-    the Python error if there is one, else Spark's own reason."""
-    text = str(exc)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    python_errors = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", line)
-                     and not line.startswith(("org.apache", "py4j", "java."))]
-    spark_reason = next((line for line in lines if "Exception" in line or "lost" in line.lower()),
-                        lines[0] if lines else type(exc).__name__)
-    reason = python_errors[0] if python_errors else spark_reason
-    rank = None
-    task = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", text)
-    if task and ranks and int(task.group(1)) < len(ranks):
-        rank, host = ranks[int(task.group(1))].rank, ranks[int(task.group(1))].host
-    lost = re.search(r"(Python worker exited unexpectedly[^\n]*|ExecutorLostFailure[^\n]*)", text)
-    if lost and not python_errors:
-        reason = lost.group(1)
-    if "No module named 'spark_dist'" in reason or "No module named 'torch'" in reason:
-        reason += (" (the executors' Python lacks spark_dist's packages: set PYSPARK_PYTHON or "
-                   "spark.executorEnv.PYSPARK_PYTHON to a Python that has spark_dist installed)")
-    return RankFailure(rank, host, "lost", f"its Spark task failed: {reason[:500]}",
-                       exc_type=type(exc).__name__, traceback=text[-4000:], time=time.time())

@@ -26,6 +26,7 @@ class TaskInfo:
     task_index: int
     host: str
     gpus: Tuple[str, ...] = ()
+    executor: str = ""  # the executor's host:port on Spark (unique per executor); "" in local mode
 
 
 @dataclass(frozen=True)

@@ -19,61 +19,18 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from . import tempdirs
 from .errors import RankFailure
+from .protocol import (ABORT, ASSIGNMENT, BEAT_ENDED, FAILURE_SEQ, REPORT_SEQ, Abort, Job, LaunchSpec, ResultChunk,
+                       TaskOutcome, TaskStatus, beat_key, failure_key, report_key, stack_key, task_key)
 from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of, join_store
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
 HEARTBEAT_S = 1.0  # each rank's supervisor counts up beat/<rank> on the driver's store this often
-BEAT_ENDED = 1 << 40  # added to beat/<rank> once the rank has ended
 STDERR_TAIL_BYTES = 16 << 10
-
-
-@dataclass(frozen=True)
-class Job:
-    """What a rank runs: a function with its arguments, or a script with its argv."""
-
-    fn: Any = None
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    script_path: Optional[str] = None
-    script_source: Optional[bytes] = None
-    script_args: Tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything a task needs to serve a rank in one attempt. Travels inside the Spark closure."""
-
-    run_id: str
-    attempt: int
-    store_host: str
-    store_port: int
-    job_bytes: bytes = field(repr=False)
-    secret: bytes = field(repr=False)
-    use_gpu: bool = False
-    rendezvous_timeout: float = 300.0
-    checkpoint_dir: Optional[str] = None
-    datasets: Dict[str, Any] = field(default_factory=dict)
-    collective_timeout: Optional[float] = None
-    backend: str = "ddp"
-    max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
-
-    @property
-    def prefix(self) -> str:
-        return f"spark_dist/{self.run_id}/{self.attempt}"
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """The driver's answer to the tasks: each task's rank and environment, by task index."""
-
-    ranks: Tuple[RankInfo, ...]
-    envs: Tuple[Dict[str, str], ...]
 
 
 def signed_store(spec: LaunchSpec) -> SignedStore:
@@ -92,21 +49,22 @@ def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[tuple]:
     task_context = BarrierTaskContext.get()
     index = task_context.partitionId()
     # getTaskInfos() is static scheduling information: unlike allGather it costs no barrier sync.
-    host = task_context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+    # The address is the executor's host:port: it tells which ranks share an executor that Spark reports lost.
+    executor = task_context.getTaskInfos()[index].address
     gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
-    yield from serve_rank(spec, TaskInfo(index, host, gpus), fork_child)
+    yield from serve_rank(spec, TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor), fork_child)
 
 
 def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]:
-    """Rendezvous, run the child, and yield ``("result", task_index, chunk_no, bytes)`` records (rank 0
-    only) or ``("status", task_index, outcome)``."""
+    """Rendezvous, run the child, and yield its records: :class:`ResultChunk` (rank 0 only), then one
+    :class:`TaskStatus`."""
     store = signed_store(spec)
-    store.put(f"task/{task.task_index}", task)
+    store.put(task_key(task.task_index), task)
     # The driver declares the rendezvous timeout (and names the tasks that never came); this wait is only a
     # backstop should the driver be gone, so it must not win the race against the driver's abort.
-    assignment = store.wait_for("assignment", spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S, abort="abort")
+    assignment = store.wait_for(ASSIGNMENT, spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S, abort=ABORT)
     if assignment is None:
-        yield ("status", task.task_index, "aborted")
+        yield TaskStatus(task.task_index, TaskOutcome.ABORTED)
         return
     rank = assignment.ranks[task.task_index]
     env = _with_gloo_interface(assignment.envs[task.task_index], task.host)
@@ -115,11 +73,11 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]
     try:
         child = start_child(spec, rank, env, workdir)
         outcome = _supervise(child, store, spec, rank, workdir)
-        if outcome == "ok" and rank.rank == 0:
+        if outcome is TaskOutcome.OK and rank.rank == 0:
             result = _read_file(os.path.join(workdir, "result.pkl"))
             for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
-                yield ("result", task.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
-        yield ("status", task.task_index, outcome)
+                yield ResultChunk(task.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
+        yield TaskStatus(task.task_index, outcome)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -218,9 +176,10 @@ class _StderrTail(threading.Thread):
 _ABORT_REPORT_GRACE_S = 0.5
 
 
-def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo, workdir: str) -> str:
+def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo,
+               workdir: str) -> TaskOutcome:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
-    report its failure. Returns ok/aborted/failed."""
+    report its failure."""
     tail = _StderrTail(child.stderr_fd)
     tail.start()
     exit_code = []
@@ -234,12 +193,12 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
             waiter.join(poll)
             poll = min(poll * 2, 0.05)
             if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
-                store.counter(f"beat/{rank.rank}")
+                store.counter(beat_key(rank.rank))
                 next_beat = time.monotonic() + HEARTBEAT_S
-            if waiter.is_alive() and store.has("abort"):
+            if waiter.is_alive() and store.has(ABORT):
                 aborted = True
-                if store.get("abort") == "timeout":
-                    store.put(f"stack/{rank.rank}", _dump_stack(child, tail))
+                if store.get(ABORT) == Abort.TIMEOUT:
+                    store.put(stack_key(rank.rank), _dump_stack(child, tail))
                 else:
                     # A rank that raised at about the same time as the one that aborted the run is writing
                     # its own report: let it finish, or "every rank raised the same error" (not retried)
@@ -253,23 +212,23 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
         waiter.join()
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
     try:
-        store.counter(f"beat/{rank.rank}", BEAT_ENDED)  # no more beats: ended, not lost
+        store.counter(beat_key(rank.rank), BEAT_ENDED)  # no more beats: ended, not lost
     except Exception:  # noqa: BLE001 -- the driver's store may be gone already
         pass
     tail.join(timeout=2.0)
     code, ended = exit_code[0]
     failure_path = os.path.join(workdir, "failure.pkl")
     if code == 0 and not aborted:
-        return "ok"
+        return TaskOutcome.OK
     if not aborted and not os.path.exists(failure_path) and os.path.exists(os.path.join(workdir, "result.pkl")):
         # The rank delivered its result and then crashed on its way out (a library's exit handler, gloo
         # torn down at interpreter shutdown: SIGABRT): the training is done, so say so and keep it.
         sys.stderr.write(f"spark_dist: WARNING: rank {rank.rank} exited with "
                          f"{'signal ' + str(-code) if code < 0 else 'code ' + str(code)} after delivering its "
                          f"result; the result is kept. Its last output:\n{tail.text()[-2000:]}\n")
-        return "ok"
+        return TaskOutcome.OK
     if aborted and not os.path.exists(failure_path):  # a rank that had raised by itself still reports it
-        return "aborted"
+        return TaskOutcome.ABORTED
     if os.path.exists(failure_path):
         failure: RankFailure = pickle.loads(_read_file(failure_path))
     elif code < 0:
@@ -278,10 +237,10 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
     else:
         failure = RankFailure(rank.rank, rank.host, "exit", "the rank process exited unexpectedly",
                               exit_code=code, traceback=tail.text()[-4000:], time=ended)
-    failure.seq = store.counter("failure_seq")
-    store.put(f"failure/{failure.seq}", failure)
-    store.put("abort", f"rank {rank.rank} failed")
-    return "failed"
+    failure.seq = store.counter(FAILURE_SEQ)
+    store.put(failure_key(failure.seq), failure)
+    store.put(ABORT, Abort.RANK_FAILED)
+    return TaskOutcome.FAILED
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -497,5 +456,5 @@ class _Reporter:
     def __call__(self, record: dict) -> None:
         if self._store is None:
             self._store = signed_store(self._spec)
-        seq = self._store.counter("report_seq")
-        self._store.put(f"report/{seq}", record)
+        seq = self._store.counter(REPORT_SEQ)
+        self._store.put(report_key(seq), record)

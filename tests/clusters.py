@@ -22,13 +22,14 @@ from pyspark.sql import SparkSession
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL, LOCAL_CLUSTER, STANDALONE, TWO_HOSTS = "local", "local_cluster", "standalone", "two_hosts"
+SHARED_EXECUTORS = "shared_executors"  # local-cluster, two executors of two cores: ranks share an executor
 # Every process this test session starts inherits this variable (JVMs pass their environment on to
 # executors and Python daemons), which lets the leak check find orphans whose parent already died.
 SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
 # Processes that must not outlive a test run.
 SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py")
 
-N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
+N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, SHARED_EXECUTORS: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
 
 
 def free_port():
@@ -261,6 +262,8 @@ class SparkManager:
                 "spark.executor.resource.gpu.amount": "1",
                 "spark.task.resource.gpu.amount": "1",
             })
+        elif kind == SHARED_EXECUTORS:
+            conf.update({"spark.master": "local-cluster[2,2,1024]", "spark.test.home": SPARK_HOME})
         elif kind == STANDALONE:
             conf["spark.master"] = self.standalone().master_url
         elif kind == TWO_HOSTS:
@@ -302,7 +305,7 @@ class SparkManager:
 
     def _warm_up(self):
         """One barrier task per slot: each executor starts its Python daemon now, not in a test."""
-        n = max(2, N_EXECUTORS[self.kind])
+        n = max(2, N_EXECUTORS[self.kind]) * (2 if self.kind == SHARED_EXECUTORS else 1)
         sc = self.spark.sparkContext
         sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: [sum(it)]).collect()
 

@@ -35,7 +35,7 @@ import pytest_timeout  # noqa: E402
 from pyspark import SparkContext  # noqa: E402
 
 from clusters import (  # noqa: E402
-    LOCAL, LOCAL_CLUSTER, SESSION_MARKER, STANDALONE, TWO_HOSTS, SparkManager, describe,
+    LOCAL, LOCAL_CLUSTER, SESSION_MARKER, SHARED_EXECUTORS, STANDALONE, TWO_HOSTS, SparkManager, describe,
     stop_gateway, wait_for_no_leaks,
 )
 
@@ -48,11 +48,13 @@ def _group(item):
     only use the cluster (and stop the session), so the session starts once."""
     names = item.fixturenames
     if "spark_two_hosts" in names:
-        return 5
+        return 6
     if "spark_standalone" in names:
-        return 3
-    if "standalone_cluster" in names:
         return 4
+    if "standalone_cluster" in names:
+        return 5
+    if "spark_shared_executors" in names:
+        return 3
     if "spark_local_cluster" in names:
         return 2
     if "spark_local" in names:
@@ -97,6 +99,12 @@ def spark_local(spark_manager):
 @pytest.fixture
 def spark_local_cluster(spark_manager):
     yield from _session(spark_manager, LOCAL_CLUSTER)
+
+
+@pytest.fixture
+def spark_shared_executors(spark_manager):
+    """Two executors of two cores each: two ranks share an executor."""
+    yield from _session(spark_manager, SHARED_EXECUTORS)
 
 
 @pytest.fixture

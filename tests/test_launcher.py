@@ -8,6 +8,7 @@ import time
 import pytest
 
 from spark_dist import ConfigError, Distributor, TrainingFailedError, get_context
+from spark_dist.protocol import ABORT
 
 
 def allreduce_and_describe(scale, *, offset=0):
@@ -203,7 +204,7 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
             yield from real_serve_rank(spec, task, start_child)
             return
         store = signed_store(spec)  # it stays away from the store until the driver gives up on it
-        while not store.has("abort"):
+        while not store.has(ABORT):
             time.sleep(0.05)
 
     monkeypatch.setattr(launcher, "serve_rank", task_one_never_arrives)
@@ -216,33 +217,6 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
     finally:
         spark_local.conf.unset("spark.dist.rendezvousTimeout")
     assert time.monotonic() - started < 15  # the rendezvous timeout, then the abort grace period at most
-
-
-def _raised(rank, exc_type, message):
-    from spark_dist.errors import RankFailure
-
-    return RankFailure(rank, "h", "exception", message, exc_type=exc_type, seq=rank + 1)
-
-
-@pytest.mark.parametrize("failures, previous, retry", [
-    # An exception on one rank (an OOM, a flaky read): worth another attempt.
-    ([_raised(1, "RuntimeError", "CUDA out of memory")], [], True),
-    # The same exception on every rank: a bug, not retried; also when the message differs only by numbers.
-    ([_raised(0, "KeyError", "'x'"), _raised(1, "KeyError", "'x'")], [], False),
-    ([_raised(0, "ValueError", "shape [3, 0] on rank 0"), _raised(1, "ValueError", "shape [3, 1] on rank 1")],
-     [], False),
-    # Different exceptions on different ranks: worth another attempt.
-    ([_raised(0, "ValueError", "a"), _raised(1, "KeyError", "b")], [], True),
-    # Deterministic whatever the ranks: a module missing on the executors, a result over maxResultSize.
-    ([_raised(0, "ModuleNotFoundError", "No module named 'mylib'")], [], False),
-    ([_raised(0, "spark_dist.result.ResultTooLargeError", "rank 0 returned 80 MiB")], [], False),
-    # The same root cause as the attempt before: fails again.
-    ([_raised(1, "OSError", "disk full")], [_raised(1, "OSError", "disk full")], False),
-])
-def test_retry_rules(failures, previous, retry):
-    from spark_dist.launcher import _worth_retrying
-
-    assert _worth_retrying(failures, 2, previous) is retry
 
 
 def gloo_interfaces():

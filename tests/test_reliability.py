@@ -300,6 +300,34 @@ def test_a_lost_executor_is_survived_by_a_retry(spark_standalone):
     assert time.monotonic() - started < 120
 
 
+def kill_the_executor_of_rank_1(executor_dir):
+    import psutil
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = get_context().rank
+    executor = psutil.Process(os.getppid()).parent().parent()  # as in kill_my_executor_once
+    assert "CoarseGrainedExecutorBackend" in " ".join(executor.cmdline())
+    with open(os.path.join(executor_dir, f"rank{rank}"), "w") as f:
+        f.write(str(executor.pid))
+    dist.barrier()  # every rank wrote down its executor
+    if rank == 1:
+        executor.kill()
+    time.sleep(600)
+
+
+def test_a_lost_executor_names_every_rank_it_ran(spark_shared_executors, tmp_path):
+    # Spark reports the barrier task that failed the stage: one of the executor's two ranks.
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=4, verbose=False).run(kill_the_executor_of_rank_1, str(tmp_path))
+    executors = {int(p.name[4:]): p.read_text() for p in tmp_path.iterdir()}
+    on_it = sorted(r for r, pid in executors.items() if pid == executors[1])
+    assert len(executors) == 4 and len(on_it) == 2
+    lost = sorted(r for r, f in info.value.failures.items() if f.kind == "lost")
+    assert lost == on_it, str(info.value)
+    assert "was lost: ExecutorLostFailure" in info.value.first.message
+
+
 def record_pid_and_sleep(pid_dir):
     open(os.path.join(pid_dir, f"rank{get_context().rank}.pid"), "w").write(str(os.getpid()))
     time.sleep(600)

@@ -1,0 +1,133 @@
+"""The protocol between the driver (``launcher.py``) and its tasks (``worker.py``), in one place.
+
+One attempt speaks through the attempt's signed store (see :mod:`spark_dist.rendezvous`) under these keys:
+
+========================  =====================  ==============================================================
+key                       written by             holds
+========================  =====================  ==============================================================
+``task/<index>``          each task              its :class:`~spark_dist.rendezvous.TaskInfo` (where it runs)
+``assignment``            the driver             the :class:`Assignment`: every task's rank and environment
+``abort``                 anyone                 an :class:`Abort` reason: every supervisor stops its rank
+``failure_seq``           a failed rank          a counter: the number of the next failure
+``failure/<n>``           a failed rank          its :class:`~spark_dist.errors.RankFailure`
+``report_seq``            a rank                 a counter: the number of the next report
+``report/<n>``            a rank                 a ``ctx.report`` record (a dict)
+``stack/<rank>``          a supervisor           the rank's Python stack, dumped when the run timed out
+``beat/<rank>``           a supervisor           a counter bumped every second; :data:`BEAT_ENDED` added at the end
+========================  =====================  ==============================================================
+
+and each task's Spark records (what ``collect()`` returns) are :class:`ResultChunk` and :class:`TaskStatus`.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+from .rendezvous import RankInfo
+
+ASSIGNMENT = "assignment"
+ABORT = "abort"
+FAILURE_SEQ = "failure_seq"
+REPORT_SEQ = "report_seq"
+BEAT_ENDED = 1 << 40  # added to beat/<rank> once the rank has ended
+
+
+def task_key(task_index: int) -> str:
+    return f"task/{task_index}"
+
+
+def failure_key(seq: int) -> str:
+    return f"failure/{seq}"
+
+
+def report_key(seq: int) -> str:
+    return f"report/{seq}"
+
+
+def stack_key(rank: int) -> str:
+    return f"stack/{rank}"
+
+
+def beat_key(rank: int) -> str:
+    return f"beat/{rank}"
+
+
+class Abort(str, enum.Enum):
+    """Why a run was aborted (the value of the ``abort`` key). A supervisor dumps its rank's stack before
+    killing it only on :attr:`TIMEOUT`."""
+
+    TIMEOUT = "timeout"
+    RENDEZVOUS_TIMEOUT = "rendezvous timeout"
+    HOST_LOST = "host lost"
+    RANK_FAILED = "a rank failed"
+    JOB_FAILED = "the Spark job failed"
+    CANCELLED = "cancelled on the driver"
+
+
+class TaskOutcome(str, enum.Enum):
+    """How a task's rank ended, as its supervisor saw it."""
+
+    OK = "ok"              # the rank returned (or exited 0); rank 0's result chunks precede this status
+    ABORTED = "aborted"    # the run's abort stopped it before it failed by itself
+    FAILED = "failed"      # it failed and wrote a failure report
+
+
+@dataclass(frozen=True)
+class ResultChunk:
+    """A piece of rank 0's pickled result (a large result travels in several)."""
+
+    task_index: int
+    chunk_no: int
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """The last record of every task."""
+
+    task_index: int
+    outcome: TaskOutcome
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a rank runs: a function with its arguments, or a script with its argv."""
+
+    fn: Any = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    script_path: Optional[str] = None
+    script_source: Optional[bytes] = None
+    script_args: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a task needs to serve a rank in one attempt. Travels inside the Spark closure."""
+
+    run_id: str
+    attempt: int
+    store_host: str
+    store_port: int
+    job_bytes: bytes = field(repr=False)
+    secret: bytes = field(repr=False)
+    use_gpu: bool = False
+    rendezvous_timeout: float = 300.0
+    checkpoint_dir: Optional[str] = None
+    datasets: Dict[str, Any] = field(default_factory=dict)
+    collective_timeout: Optional[float] = None
+    backend: str = "ddp"
+    max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
+
+    @property
+    def prefix(self) -> str:
+        return f"spark_dist/{self.run_id}/{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The driver's answer to the tasks: each task's rank and environment, by task index."""
+
+    ranks: Tuple[RankInfo, ...]
+    envs: Tuple[Dict[str, str], ...]

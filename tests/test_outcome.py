@@ -1,0 +1,140 @@
+"""An attempt's outcome and the retry rules: pure functions of what the attempt saw, as tables of cases."""
+import pytest
+
+from spark_dist.errors import RankFailure, root_cause
+from spark_dist.outcome import JobError, Seen, outcome_of, worth_retrying
+from spark_dist.protocol import ResultChunk, TaskOutcome, TaskStatus
+from spark_dist.rendezvous import TaskInfo, assign_ranks
+
+# Four tasks on two executors of one host (a local-cluster with 2-core executors), two on each; task 1 and
+# task 2 share executor A.
+TASKS = (TaskInfo(0, "h1", (), "h1:4001"), TaskInfo(1, "h1", (), "h1:4000"), TaskInfo(2, "h1", (), "h1:4000"),
+         TaskInfo(3, "h1", (), "h1:4001"))
+RANKS = tuple(assign_ranks(TASKS))
+TWO_HOSTS = (TaskInfo(0, "h1"), TaskInfo(1, "h2"), TaskInfo(2, "h1"), TaskInfo(3, "h2"))  # h2 runs ranks 2, 3
+
+
+def seen(**what):
+    base = dict(driver_host="d", rendezvous_timeout=300.0, host_lost_timeout=10.0, timeout=60.0, now=1.0,
+                tasks=TASKS, ranks=RANKS)
+    return Seen(**{**base, **what})
+
+
+def raised(rank, message="boom", exc_type="ValueError", seq=None):
+    return RankFailure(rank, "h1", "exception", message, exc_type=exc_type, seq=rank + 1 if seq is None else seq)
+
+
+def echo(rank, seq):  # what a peer raises when the rank it talks to went away
+    return RankFailure(rank, "h1", "exception", "Connection closed by peer [127.0.0.1]:1234",
+                       exc_type="RuntimeError", seq=seq)
+
+
+def gloo_read_error(rank, seq):  # gloo's wording for any errno on a pair: the peer died
+    return RankFailure(rank, "h1", "exception", "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:26258: "
+                       "Operation timed out. This is typically caused by a remote worker hanging or bugs in the "
+                       "application. Check the logs of the remote worker before reporting an error. GLHF!",
+                       exc_type="RuntimeError", seq=seq)
+
+
+def killed(rank, seq):
+    return RankFailure(rank, "h1", "signal", "killed by signal 9", signal=9, seq=seq)
+
+
+LOST_EXECUTOR = JobError("Py4JJavaError", (
+    "An error occurred while calling o123.collect.\n: org.apache.spark.SparkException: Job aborted due to stage "
+    "failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
+    "because barrier task ResultTask(3, 2) finished unsuccessfully.\nExecutorLostFailure (executor 0 exited "
+    "caused by one of the running tasks) Reason: Command exited with code 137\n\tat org.apache.spark..."))
+WORKER_DIED = JobError("Py4JJavaError", (
+    "Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure "
+    "reason: Stage failed because barrier task ResultTask(3, 3) finished unsuccessfully.\n"
+    "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"))
+NO_MODULE = JobError("Py4JJavaError", (
+    "Stage failed because barrier task ResultTask(3, 0) finished unsuccessfully.\n"
+    "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+    "ModuleNotFoundError: No module named 'spark_dist'"))
+NO_TASK = JobError("Py4JJavaError", "org.apache.spark.SparkException: Job 7 cancelled as part of cancellation "
+                                    "of all jobs")
+
+
+def named(outcome):
+    """(rank, kind) of each failure, root cause first."""
+    lead = root_cause(outcome.failures)
+    return [(f.rank, f.kind) for f in [lead] + [f for f in outcome.failures if f is not lead]]
+
+
+@pytest.mark.parametrize("case, what, expected", [
+    ("rank 0's result, in chunks",
+     dict(records=(ResultChunk(0, 1, b"lo"), ResultChunk(0, 0, b"hel"), TaskStatus(0, TaskOutcome.OK))),
+     b"hello"),
+])
+def test_a_run_that_finished_returns_rank_0s_result(case, what, expected):
+    outcome = outcome_of(seen(**what))
+    assert outcome.failures is None and outcome.result_bytes == expected
+
+
+@pytest.mark.parametrize("case, what, expected, timed_out", [
+    ("one rank raised; its peers' echoes follow",
+     dict(failures=(echo(0, 1), raised(2, seq=2), echo(1, 3))), [(2, "exception"), (0, "exception"), (1, "exception")],
+     False),
+    ("a rank killed by a signal leads over a peer's gloo error that was numbered first",
+     dict(failures=(gloo_read_error(0, 1), killed(1, 2))), [(1, "signal"), (0, "exception")], False),
+    ("the timeout leads: ranks with a dumped stack, then a report only for a rank without one",
+     dict(timed_out=True, stacks={0: "File x", 1: "File y"}, failures=(raised(1), echo(3, 2))),
+     [(0, "timeout"), (1, "timeout"), (3, "exception")], True),
+    ("a timeout before every rank started names no rank", dict(timed_out=True, ranks=(), tasks=()),
+     [(None, "timeout")], True),
+    # The tasks' own backstop and the cancelled job follow the driver's rendezvous abort: not a "lost" task.
+    ("rendezvous timeout with the job cancelled afterwards",
+     dict(ranks=(), tasks=(), rendezvous_missing=(1,), job_error=NO_TASK), [(None, "timeout")], False),
+    ("a silent host names every rank on it; its peers' reports follow",
+     dict(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2, 3), failures=(raised(0),)),
+     [(2, "lost"), (3, "lost"), (0, "exception")], False),
+    ("a lost executor names every rank it ran, not only the task Spark names",
+     dict(job_error=LOST_EXECUTOR, failures=(echo(0, 1),)), [(1, "lost"), (2, "lost"), (0, "exception")], False),
+    ("a dead Python worker is its task's rank alone",
+     dict(job_error=WORKER_DIED, failures=(echo(0, 1),)), [(3, "lost"), (0, "exception")], False),
+    ("a rank's own exception leads over the job failure it caused",
+     dict(job_error=LOST_EXECUTOR, failures=(raised(3),)), [(3, "exception")], False),
+    ("a job failure naming no task", dict(job_error=NO_TASK), [(None, "lost")], False),
+    ("no result, no report, no job error", dict(records=(TaskStatus(0, TaskOutcome.ABORTED),)), [(None, "lost")],
+     False),
+])
+def test_failures_are_named_root_cause_first(case, what, expected, timed_out):
+    outcome = outcome_of(seen(**what))
+    assert outcome.result_bytes is None and outcome.timed_out is timed_out
+    assert named(outcome) == expected
+
+
+def test_the_messages_say_what_happened():
+    by_rank = {f.rank: f for f in outcome_of(seen(job_error=LOST_EXECUTOR)).failures}
+    assert by_rank[1].message.startswith("its executor h1:4000 was lost: ExecutorLostFailure (executor 0 exited")
+    assert by_rank[1].host == "h1" and by_rank[1].exc_type == "Py4JJavaError"
+    [missing] = outcome_of(seen(job_error=NO_MODULE)).failures
+    assert missing.rank == 0 and "ModuleNotFoundError: No module named 'spark_dist'" in missing.message
+    assert "set PYSPARK_PYTHON" in missing.message
+    [rendezvous] = outcome_of(seen(rendezvous_missing=(1, 3), ranks=(), tasks=())).failures
+    assert rendezvous.message == ("the ranks did not all start within spark.dist.rendezvousTimeout=300s (tasks that "
+                                  "never reached the driver's store at d: 1, 3)")
+    silent = outcome_of(seen(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2,))).failures[0]
+    assert silent.host == "h2" and "no heartbeat from its ranks for 10s (spark.dist.hostLostTimeout)" in silent.message
+
+
+@pytest.mark.parametrize("failures, previous, retry", [
+    # An exception on one rank (an OOM, a flaky read): worth another attempt.
+    ([raised(1, "CUDA out of memory", "RuntimeError")], [], True),
+    # The same exception on every rank: a bug, not retried; also when the message differs only by numbers.
+    ([raised(0, "'x'", "KeyError"), raised(1, "'x'", "KeyError")], [], False),
+    ([raised(0, "shape [3, 0] on rank 0"), raised(1, "shape [3, 1] on rank 1")], [], False),
+    # Different exceptions on different ranks: worth another attempt.
+    ([raised(0, "a"), raised(1, "b", "KeyError")], [], True),
+    # Deterministic whatever the ranks: a module missing on the executors, a result over maxResultSize.
+    ([raised(0, "No module named 'mylib'", "ModuleNotFoundError")], [], False),
+    ([raised(0, "rank 0 returned 80 MiB", "spark_dist.result.ResultTooLargeError")], [], False),
+    # The same root cause as the attempt before: fails again.
+    ([raised(1, "disk full", "OSError")], [raised(1, "disk full", "OSError")], False),
+    # A lost executor is worth another attempt (its replacement may be fine).
+    (outcome_of(seen(job_error=LOST_EXECUTOR)).failures, [], True),
+])
+def test_retry_rules(failures, previous, retry):
+    assert worth_retrying(failures, 2, previous) is retry
