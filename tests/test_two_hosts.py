@@ -7,6 +7,7 @@ Spark address.
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -71,6 +72,22 @@ def test_each_host_reads_a_disjoint_equal_shard_of_a_shared_cache(spark_two_host
     (host_a, a), (host_b, b) = shards
     assert {host_a, host_b} == {"10.213.0.2", "10.213.0.3"}
     assert len(a) == len(b) == 100 and not set(a) & set(b) and sorted(a + b) == list(range(200))
+
+
+def test_a_named_file_cache_that_the_executors_do_not_see_is_refused(spark_two_hosts, spark_manager):
+    from spark_dist.data import CACHE_DIR_CONF, DatasetError, prepare_datasets
+
+    hidden = spark_manager.hosts_cluster.driver_only_dir  # the driver's disk only: not mounted on the hosts
+    df = spark_two_hosts.range(20).selectExpr("array(cast(id as float)) as x")
+    spark_two_hosts.conf.set(CACHE_DIR_CONF, f"file://{hidden}")
+    try:
+        with pytest.raises(DatasetError) as info:
+            prepare_datasets(spark_two_hosts, {"train": df}, num_ranks=2)
+    finally:
+        spark_two_hosts.conf.unset(CACHE_DIR_CONF)
+    assert str(info.value).startswith(f"{CACHE_DIR_CONF}=file://{hidden}: executors on 10.213.0.2, 10.213.0.3 "
+                                      "do not see this directory")
+    assert os.listdir(hidden) == []  # refused before the write; the driver's marker file is gone too
 
 
 def test_a_killed_rank_resumes_across_hosts_with_identical_weights(spark_two_hosts, tmp_path):

@@ -68,6 +68,9 @@ class TwoHostCluster(StandaloneCluster):
     def __init__(self, tmpdir, gpu_script):
         super().__init__(tmpdir, gpu_script, n_workers=len(HOSTS), cores=1)
         self.hosts = [address for _, _, address in HOSTS]
+        # A directory only the driver sees: each worker's mount namespace (ip netns exec makes one) has an
+        # empty tmpfs over it, as a path that is not a shared mount looks from other machines.
+        self.driver_only_dir = os.path.join(tmpdir, "driver-only")
 
     def start(self):
         try:
@@ -78,6 +81,8 @@ class TwoHostCluster(StandaloneCluster):
             self.master = self._spawn("master", [
                 "org.apache.spark.deploy.master.Master", "--host", DRIVER_IP, "--port", str(port),
                 "--webui-port", str(ui_port)], extra_env={"SPARK_LOCAL_IP": DRIVER_IP})
+            os.makedirs(self.driver_only_dir, exist_ok=True)
+            hide = ("sh", "-c", 'mount -t tmpfs spdist-hidden "$0" && exec "$@"', self.driver_only_dir)
             for i, (ns, _, address) in enumerate(HOSTS):
                 work_dir = os.path.join(self.tmpdir, f"worker-{ns}")
                 os.makedirs(work_dir, exist_ok=True)
@@ -87,7 +92,7 @@ class TwoHostCluster(StandaloneCluster):
                      "--memory", self.memory, "--webui-port", str(free_port()), "--work-dir", work_dir,
                      self.master_url],
                     extra_env={"SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address},
-                    prefix=("ip", "netns", "exec", ns)))
+                    prefix=("ip", "netns", "exec", ns, *hide)))
             self._wait_for_workers("workers in both namespaces to register", timeout=120)
         except BaseException:
             self.stop()
