@@ -1,7 +1,8 @@
 """The one place spark_dist reaches into the driver JVM through PySpark's private py4j handles.
 
 PySpark has no public API for these (on either Spark line): the scheduler's concurrent-task count, the
-registered executors' hosts, a DataFrame's analyzed plan (to recognise the same data again) and Hadoop's
+registered executors' hosts, a DataFrame's analyzed plan (to find the cache a user's own Petastorm converter
+made of it) and Hadoop's
 FileSystem (to list and move files in any scheme Spark itself writes). The handles used (``sc._jsc``,
 ``sc._jvm``, ``df._jdf``) are the same on Spark 3.5 and 4.x; keeping them here makes them easy to check
 when a Spark line moves, and marks what a session without a JVM (Spark Connect) must do otherwise.
@@ -25,8 +26,8 @@ def executor_hosts(sc) -> List[str]:
 
 
 def analyzed_plan(df) -> Any:
-    """The analyzed logical plan of ``df``: ``plan.sameResult(other)`` tells whether two DataFrames hold
-    the same data (Spark's own test for cache hits)."""
+    """The analyzed logical plan of ``df``, as Petastorm's converter keeps it (``meta.df_plan``):
+    ``plan.sameResult(other)`` tells whether two DataFrames hold the same data."""
     return df._jdf.queryExecution().analyzed()
 
 

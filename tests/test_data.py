@@ -267,9 +267,9 @@ def test_bad_values_are_named_and_leave_no_cache(spark_local, make, message):
     with pytest.raises(DatasetError) as err:
         prepare_datasets(spark_local, {"bad": make(spark_local)}, num_ranks=3)
     assert message in str(err.value)
-    from spark_dist.data import cache
+    from spark_dist.data import registry
 
-    assert all(e.handle.name != "bad" for e in cache._entries)
+    assert all(e.handle.name != "bad" for e in registry._entries)
 
 
 def test_a_file_cache_is_refused_when_executors_are_on_other_hosts():
@@ -327,9 +327,9 @@ def test_clear_cache_deletes_what_it_made_and_only_that(spark_local, tmp_path):
 
 
 def test_least_recently_used_caches_are_evicted_beyond_the_bound(spark_local, monkeypatch):
-    from spark_dist.data import cache
+    from spark_dist.data import registry
 
-    monkeypatch.setattr(cache, "MAX_CACHED_DATASETS", 2)
+    monkeypatch.setattr(registry, "MAX_CACHED_DATASETS", 2)
     a, b, c = (spark_local.range(n) for n in (70, 80, 90))  # e.g. what three Pipeline fits would pass
     first = prepare_datasets(spark_local, {"d": a}, num_ranks=1)["d"]
     second = prepare_datasets(spark_local, {"d": b}, num_ranks=1)["d"]

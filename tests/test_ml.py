@@ -344,6 +344,22 @@ def test_transform_refuses_an_existing_output_column(spark_local):
 
 
 # -- pieces --------------------------------------------------------------------------------------------
+def test_old_and_new_ml_vectors_are_vectors_to_the_params_and_to_the_cache():
+    from types import SimpleNamespace
+
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.mllib.linalg import VectorUDT as OldVectorUDT
+    from pyspark.sql import types as T
+
+    from spark_dist.data.schema import SCALAR, VECTOR, column_kinds
+    from spark_dist.ml.inputs import column_kind
+
+    schema = T.StructType([T.StructField("new", VectorUDT()), T.StructField("old", OldVectorUDT()),
+                           T.StructField("x", T.DoubleType())])
+    assert [column_kind(schema, c, "featuresCol") for c in schema.names] == [VECTOR, VECTOR, SCALAR]
+    assert column_kinds("train", SimpleNamespace(schema=schema)) == {"new": VECTOR, "old": VECTOR, "x": SCALAR}
+
+
 def test_linear_scaling_rule_ramps_over_the_warm_up():
     lrs = [learning_rate_at(s, 0.1, 4, warmup_steps=10, scale=True) for s in range(12)]
     assert lrs[0] == pytest.approx(0.13) and lrs[9] == pytest.approx(0.4) and lrs[11] == pytest.approx(0.4)

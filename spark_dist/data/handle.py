@@ -7,8 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
 from ..errors import DatasetError
-
-SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
+from .schema import ARRAY, SCALAR, VECTOR  # noqa: F401 -- a ColumnInfo's kinds, importable from here as before
 
 
 @dataclass(frozen=True)

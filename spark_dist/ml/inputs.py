@@ -9,15 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ..data.schema import ARRAY, SCALAR, VECTOR, kind_of, quoted  # noqa: F401 -- ARRAY: for callers
 from ..errors import ConfigError
-
-VECTOR, ARRAY, SCALAR = "vector", "array", "scalar"
-
-
-def _numeric_types():
-    from pyspark.sql import types as T
-
-    return (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.BooleanType)
 
 
 def column_kind(schema, column: str, param: str) -> str:
@@ -26,19 +19,15 @@ def column_kind(schema, column: str, param: str) -> str:
     Raises:
         ConfigError: no such column, or a column of another type; the message names ``param``.
     """
-    from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import types as T
 
     if column not in schema.names:
         raise ConfigError(f"{param}: the DataFrame has no column {column!r}; its columns are: "
                           f"{', '.join(schema.names)}")
     t = schema[column].dataType
-    if isinstance(t, VectorUDT):
-        return VECTOR
-    if isinstance(t, _numeric_types()):
-        return SCALAR
-    if isinstance(t, T.ArrayType) and isinstance(t.elementType, _numeric_types()):
-        return ARRAY
+    kind = kind_of(t)
+    if kind is not None:
+        return kind
     hint = " (index it with StringIndexer)" if isinstance(t, T.StringType) else ""
     raise ConfigError(f"{param}: column {column!r} has type {t.simpleString()}, not a number, an array of numbers "
                       f"or an ML vector{hint}")
@@ -70,10 +59,6 @@ class Features:
 
         col = F.col(quoted(self.columns[0]))
         return F.size(vector_to_array(col) if self.kind == VECTOR else col)
-
-
-def quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def features_of(schema, columns: List[str]) -> Features:

@@ -1,0 +1,209 @@
+"""The caches this process made: found again for the same data, written once, evicted, and deleted.
+
+A cache is keyed by application, parent directory, the DataFrame (the same data as ``sameSemantics``
+judges) and the files it reads. Caches are kept per application, least recently used evicted beyond
+:data:`MAX_CACHED_DATASETS`, never while a run reads them (:func:`in_use`), and deleted by
+:func:`clear_cache`, when the SparkContext stops, or when this process exits.
+"""
+import atexit
+import functools
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from .. import jvm
+from .handle import DatasetHandle, local_path
+from .location import _remove_default_parent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    app_id: str
+    parent_url: str
+    df: Any               # the user's DataFrame: df.sameSemantics() finds it again
+    inputs: tuple         # the files it reads, with sizes and modification times (see _input_files)
+    converter: Any        # petastorm SparkDatasetConverter
+    handle: DatasetHandle
+    owned: bool           # False when Petastorm handed back a cache the user made: never delete that
+
+
+@dataclass
+class _Write:
+    """A cache being written now: another thread preparing the same data waits for ``done``."""
+
+    app_id: str
+    parent_url: str
+    df: Any
+    inputs: tuple
+    done: threading.Event
+
+
+def _same_data(item, app_id: str, parent_url: str, df, inputs: tuple) -> bool:
+    """``item`` (an :class:`_Entry` or a :class:`_Write`) holds ``df``'s data for this application and dir:
+    the same plan over the same files, unchanged (a re-read of a path whose files changed has the same plan).
+
+    ``sameSemantics`` is PySpark's public test (on a classic session: the analyzed plans' ``sameResult``,
+    Spark's own test for cache hits); it also works under Spark Connect. It runs last: it is a call into
+    Spark, the others compare Python values.
+    """
+    return (item.app_id == app_id and item.parent_url == parent_url and item.inputs == inputs
+            and item.df.sameSemantics(df))
+
+
+def _input_files(spark, df) -> tuple:
+    """``((url, length, modification time), ...)`` of the files ``df`` reads (``DataFrame.inputFiles``, no
+    Spark job): rewritten, added or removed files make another cache key."""
+    identity = []
+    for url in sorted(df.inputFiles()):
+        path = local_path(url)
+        if path is not None:
+            try:
+                info = os.stat(path)
+                identity.append((url, info.st_size, info.st_mtime_ns))
+            except OSError:  # gone already: the write will say so; no cache can match it meanwhile
+                identity.append((url, -1, -1))
+        else:
+            # classic only (no SparkContext under Spark Connect)
+            identity.append((url, *jvm.file_identity(spark.sparkContext, url)))
+    return tuple(identity)
+
+
+def _app_id(spark) -> str:
+    """The id of ``spark``'s application: caches are kept, evicted and cleared per application."""
+    return spark.sparkContext.applicationId  # classic only (no SparkContext under Spark Connect)
+
+
+_lock = threading.RLock()
+_entries: List[_Entry] = []
+_writing: List["_Write"] = []           # the writes under way
+_in_use: Dict[str, int] = {}            # cache dir URL -> runs reading it now (never evicted meanwhile)
+_owner_pid = os.getpid()                # forked children inherit this module's state, not its caches
+_atexit_registered = False
+# Caches kept per application, least recently used evicted first: a Pipeline or CrossValidator makes a new
+# DataFrame (a new plan) on every fit, so without a bound the caches of a tuning run would pile up on disk.
+MAX_CACHED_DATASETS = 8
+
+
+def _find_or_claim(app_id: str, parent_url: str, df, inputs: tuple) -> Tuple[Optional[_Entry], Optional[_Write]]:
+    """``(entry, None)``: the cache of the same data (now the most recently used); else ``(None, write)``:
+    this thread is to write it, and must end with :func:`_done_writing` (after :func:`_add` on success)."""
+    while True:
+        with _lock:
+            hit = next((e for e in _entries if _same_data(e, app_id, parent_url, df, inputs)), None)
+            if hit is not None:
+                _entries.remove(hit)  # most recently used last
+                _entries.append(hit)
+                return hit, None
+            # The same data being written by another thread right now (CrossValidator's parallel fits of one
+            # fold): wait for that write and use it rather than writing the same data twice.
+            writing = next((w for w in _writing if _same_data(w, app_id, parent_url, df, inputs)), None)
+            if writing is None:
+                mine = _Write(app_id, parent_url, df, inputs, threading.Event())
+                _writing.append(mine)
+                return None, mine
+        writing.done.wait()
+
+
+def _add(entry: _Entry) -> None:
+    """Keep a cache just written (the most recently used)."""
+    with _lock:
+        _entries.append(entry)
+
+
+def _done_writing(write: _Write) -> None:
+    """End a write :func:`_find_or_claim` handed out, written or failed: the threads waiting for it look again."""
+    with _lock:
+        _writing.remove(write)
+    write.done.set()
+
+
+@contextmanager
+def in_use(handles: Iterable[DatasetHandle]):
+    """Keep these handles' caches from eviction while a run reads them (another thread's prepare_datasets
+    may go past MAX_CACHED_DATASETS meanwhile)."""
+    urls = [h.cache_dir_url for h in handles]
+    with _lock:
+        for url in urls:
+            _in_use[url] = _in_use.get(url, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            for url in urls:
+                _in_use[url] -= 1
+                if not _in_use[url]:
+                    del _in_use[url]
+
+
+def _evict(app_id: str, keep) -> None:
+    """Delete the least recently used caches of ``app_id`` beyond :data:`MAX_CACHED_DATASETS`."""
+    with _lock:
+        mine = [e for e in _entries if e.app_id == app_id]
+        extra = len(mine) - MAX_CACHED_DATASETS
+        gone = [e for e in mine if e.handle.cache_dir_url not in keep
+                and e.handle.cache_dir_url not in _in_use][:max(extra, 0)]
+        _entries[:] = [e for e in _entries if e not in gone]
+    for entry in gone:
+        _delete(entry)
+
+
+def _delete(entry: _Entry) -> None:
+    if not entry.owned:
+        return
+    try:
+        entry.converter.delete()  # also drops it from Petastorm's own list, so Petastorm will not reuse it
+    except Exception as exc:  # noqa: BLE001 -- cleanup is best effort; say what is left behind
+        logger.warning("spark_dist: could not delete the dataset cache %s: %r", entry.converter.cache_dir_url, exc)
+
+
+def clear_cache(spark=None) -> int:
+    """Delete the dataset caches this process made (all of them, or only ``spark``'s application's).
+
+    Caches the user made (their own conf's parent dir, a Petastorm cache made before) are never touched.
+    Also runs when the SparkContext stops and when the interpreter exits. Returns how many were deleted;
+    never raises for a cache that cannot be deleted (it logs a warning naming it).
+    """
+    app_id = _app_id(spark) if spark is not None else None
+    if os.getpid() != _owner_pid:
+        return 0
+    with _lock:
+        gone = [e for e in _entries if app_id is None or e.app_id == app_id]
+        _entries[:] = [e for e in _entries if e not in gone]
+        left = bool(_entries)
+    for entry in gone:
+        _delete(entry)
+    if not left:
+        _remove_default_parent()
+    return sum(e.owned for e in gone)
+
+
+def _stop_after_clearing(original_stop, app_id: str) -> None:
+    try:
+        with _lock:
+            gone = [e for e in _entries if e.app_id == app_id]
+            _entries[:] = [e for e in _entries if e.app_id != app_id]
+        for entry in gone:
+            _delete(entry)
+    finally:
+        original_stop()
+
+
+def _register_cleanup(spark) -> None:
+    """Delete the caches when the SparkContext stops and at interpreter exit, so they never pile up.
+
+    PySpark has no stop hook, so the context's ``stop`` is wrapped (once) on this instance only.
+    """
+    global _atexit_registered
+    sc = spark.sparkContext  # classic only (no SparkContext under Spark Connect)
+    with _lock:
+        if not _atexit_registered:
+            atexit.register(clear_cache)
+            _atexit_registered = True
+        if not getattr(sc, "_spark_dist_clears_cache", False):
+            sc.stop = functools.partial(_stop_after_clearing, sc.stop, sc.applicationId)
+            sc._spark_dist_clears_cache = True

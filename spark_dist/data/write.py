@@ -1,0 +1,121 @@
+"""The write: one DataFrame materialised as a Petastorm cache, its values measured in the same Spark job.
+
+Writes the way Petastorm's ``make_spark_converter`` does (row groups, no compression, doubles as float32),
+with vectors as dense float32 arrays, and reuses a cache the user's own converter already made of the same
+DataFrame.
+"""
+import logging
+import uuid
+import warnings
+from typing import Dict, Iterable, List, Optional
+
+from .. import jvm
+from .checks import _observed, _value_exprs
+from .handle import open_parquet
+from .schema import VECTOR, quoted
+
+# Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastorm\.")
+
+logger = logging.getLogger(__name__)
+
+
+def _with_arrays(df, kinds: Dict[str, str]):
+    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    return df.select([vector_to_array(F.col(quoted(c)), "float32").alias(c) if kinds[c] == VECTOR
+                      else F.col(quoted(c)) for c in df.columns])
+
+
+def _as_float32(df):
+    """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them; done here with quoted
+    names because Petastorm's own pass reads ``df[name]``, which takes a dot in a name for a struct field."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    def narrowed(field):
+        col = F.col(quoted(field.name))
+        if isinstance(field.dataType, T.DoubleType):
+            return col.cast("float").alias(field.name)
+        if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.DoubleType):
+            return col.cast("array<float>").alias(field.name)
+        return col
+    return df.select([narrowed(f) for f in df.schema.fields])
+
+
+def _users_petastorm_cache(df, parent_url: str) -> Optional[str]:
+    """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (by its
+    analyzed plan; with the settings we use), which we read but never delete."""
+    from petastorm.spark import spark_dataset_converter as psc
+
+    with psc._cache_df_meta_list_lock:
+        if not psc._cache_df_meta_list:
+            return None
+        # Petastorm keeps the JVM plan (meta.df_plan) of each DataFrame it cached: only a JVM plan compares.
+        plan = jvm.analyzed_plan(df)  # classic only (no SparkContext under Spark Connect)
+        for meta in psc._cache_df_meta_list:
+            if (meta.row_group_size == psc.DEFAULT_ROW_GROUP_SIZE_BYTES and meta.compression_codec == "uncompressed"
+                    and meta.dtype == "float32" and meta.parent_cache_dir_url == parent_url
+                    and meta.df_plan.sameResult(plan)):
+                return meta.cache_dir_url
+    return None
+
+
+def _cache_files(spark, url: str) -> List[str]:
+    """The Parquet files of a cache directory, listed through Spark's Hadoop filesystem (any scheme Spark
+    wrote it with), as ``scheme://path`` URLs; no Spark job."""
+    files = []
+    for file_url in jvm.list_files(spark.sparkContext, url):  # classic only (no SparkContext under Spark Connect)
+        name = file_url.rsplit("/", 1)[-1]
+        if name.endswith(".parquet") and not name.startswith(("_", ".")):
+            files.append("file://" + file_url[len("file:"):] if file_url.startswith("file:/") and
+                         not file_url.startswith("file://") else file_url)
+    return files
+
+
+def _row_count(file_urls) -> int:
+    return sum(open_parquet(url).metadata.num_rows for url in file_urls)
+
+
+class _QuietPetastorm(logging.Filter):
+    """Petastorm warns on every call that it converts doubles to float32 (documented here)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Converting floating-point")
+
+
+def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iterable[str] = ()):
+    """Write ``df`` as a Petastorm cache and measure its values in the same job (``DataFrame.observe``).
+
+    Returns ``(converter, owned, stats)``: ``owned`` is False when the user's own Petastorm converter had
+    already made this cache (then nothing is written and ``stats`` is ``None``: the caller aggregates).
+    Writes the way ``make_spark_converter`` does (row groups, no compression, doubles as float32), but skips
+    its second job, a full ``count()`` of what was just written: the write counted its rows itself.
+    """
+    from petastorm.spark import spark_dataset_converter as psc
+    from pyspark.sql import Observation
+
+    existing = _users_petastorm_cache(df, parent_url)
+    if existing is not None:
+        files = _cache_files(spark, existing)
+        return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
+    df = _with_arrays(df, kinds)
+    observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
+    observed = _as_float32(df.observe(observation, *_value_exprs(df.schema, kinds, ranges)))
+    quiet = _QuietPetastorm()
+    psc.logger.addFilter(quiet)
+    try:
+        url = psc._materialize_df(observed, parent_url, psc.DEFAULT_ROW_GROUP_SIZE_BYTES, "uncompressed",
+                                  "float32")
+    finally:
+        psc.logger.removeFilter(quiet)
+    files = _cache_files(spark, url)
+    stats = _observed(observation)
+    # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
+    rows = stats["rows"] if stats is not None else _row_count(files)
+    converter = psc.SparkDatasetConverter(url, files, rows)
+    logger.info("spark_dist: materialised %d rows in %d files at %s", len(converter), len(files), url)
+    return converter, True, stats
