@@ -61,9 +61,14 @@ class HorovodRunner(Distributor):
             ConfigError, TrainingFailedError, RunTimeoutError: as :meth:`spark_dist.Distributor.run`.
         """
         if self.np == 0:
-            from .resources import cluster_task_slots
+            from . import session
 
-            self._args["num_processes"] = max(cluster_task_slots(self._session().sparkContext), 1)
+            slots = session.task_slots(self._session())
+            if slots is None:
+                raise ConfigError("np=0 runs one process per task slot, but this Spark Connect session cannot "
+                                  "tell the slot count (no spark.executor.instances and spark.executor.cores in "
+                                  "its conf): pass np > 0")
+            self._args["num_processes"] = max(slots, 1)
         # Every keyword belongs to main (Databricks' contract), ``datasets`` included: bind them here so
         # Distributor.run sees none of them. Keeping main's module lets it be pickled by value as usual.
         bound = functools.partial(main, **kwargs)

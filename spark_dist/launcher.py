@@ -16,15 +16,16 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from . import session
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
-from .rendezvous import SignedStore, TaskInfo, assign_ranks, bind_listener, host_store
-from .backends.base import torchrun_env
-from .outcome import JobError, Outcome, Seen, outcome_of, worth_retrying
-from .protocol import (ABORT, ASSIGNMENT, BEAT_ENDED, FAILURE_SEQ, REPORT_SEQ, Abort, Assignment, Job, LaunchSpec,
-                       beat_key, failure_key, report_key, stack_key, task_key)
+from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
+from .connect_launch import ConnectAttempt
+from .coordinator import Coordinator
+from .outcome import Outcome, outcome_of, worth_retrying
+from .protocol import ABORT, Abort, Job, LaunchSpec
 from .worker import run_barrier_partition, serve_rank, spawn_child
 
 log = logging.getLogger("spark_dist")
@@ -79,6 +80,9 @@ class Distributor:
         """
         spark = self._session()
         conf = _spark_conf(spark)
+        remote = session.is_connect(spark)
+        if remote:  # the server's driver addresses are not this client's: local mode binds here
+            conf = {k: v for k, v in conf.items() if k not in ("spark.driver.host", "spark.driver.bindAddress")}
         config = RunConfig.build(spark_conf=conf, **self._args)
         backend = get_backend(config.backend)
         backend.check_available()
@@ -96,9 +100,8 @@ class Distributor:
         checkpoint_dir = _run_checkpoint_dir(config)
         if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
             from .data.cache import remote_hosts
-            from .resources import executor_hosts
 
-            unshared = remote_hosts(config.driver_host, executor_hosts(spark.sparkContext))
+            unshared = remote_hosts(config.driver_host, session.executor_hosts(spark) or [])
             if unshared:
                 log.warning("spark_dist: run %s may resume from checkpoints, but the default checkpoint dir is "
                             "on each machine's own disk and executors run on other hosts (%s): a retried rank 0 "
@@ -114,7 +117,8 @@ class Distributor:
                 self._wait_to_retry(config, spark, failures_seen, attempt, started)
             remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
             with _kept(handles):  # no eviction of these caches while the ranks read them
-                outcome = _Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
+                kind = ConnectAttempt if remote and not config.local_mode else _Attempt
+                outcome = kind(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
                                    spark, remaining).run()
             if outcome.failures is None:
                 import cloudpickle
@@ -141,7 +145,7 @@ class Distributor:
         if not config.local_mode:
             from .resources import wait_for_slots
 
-            wait_for_slots(spark.sparkContext, config.num_processes,
+            wait_for_slots(spark, config.num_processes,
                            config.slot_wait_timeout if timeout is None else timeout, config.use_gpu)
 
     def _wait_to_retry(self, config: RunConfig, spark, failures: List[RankFailure], attempt: int,
@@ -201,28 +205,11 @@ class Distributor:
                   flush=True)
 
 
-_context_conf_cache: Dict[str, Dict[str, str]] = {}
-
-
 def _spark_conf(spark) -> Dict[str, str]:
-    """The SparkContext's conf (fixed once the context runs, so read once per context: py4j calls cost
-    on the launch path), with spark_dist keys also taken from the session's runtime conf
-    (``spark.conf.set("spark.dist.checkpointDir", ...)`` in a notebook works)."""
-    if spark is None:
-        return {}
-    sc = spark.sparkContext
-    key = sc.applicationId  # not id(): a stopped context's address may be reused by the next one
-    if key not in _context_conf_cache:
-        _context_conf_cache.clear()  # one live SparkContext per process
-        _context_conf_cache[key] = dict(sc.getConf().getAll())
-    conf = dict(_context_conf_cache[key])
+    """The session's conf, with spark_dist's keys as set at run time (see :func:`session.conf_snapshot`)."""
     from . import config as keys
 
-    for name in keys.RUNTIME_KEYS:
-        value = spark.conf.get(name, None)
-        if value is not None:
-            conf[name] = value
-    return conf
+    return session.conf_snapshot(spark, keys.RUNTIME_KEYS)
 
 
 def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
@@ -288,9 +275,6 @@ def _private_dir(name: str) -> str:
     return path
 
 
-REPORT_SLOT_GRACE_S = 2.0  # an empty report slot is skipped after this long (see _drain_reports)
-
-
 def _pickle_job(train_object, args, kwargs) -> bytes:
     """Pickle the function (or read the script) on the driver, so errors show here, before any job.
 
@@ -339,18 +323,9 @@ class _Attempt:
             backend=config.backend, max_result_bytes=config.max_result_bytes,
         )
         self._store_server = None
-        self.store: Optional[SignedStore] = None
-        self.records: List[tuple] = []
+        self.records: List[Any] = []
         self.job_error: List[BaseException] = []
         self.done = threading.Event()
-        self.reports_seen = 0
-        self.empty_slot_since: Dict[int, float] = {}
-        self.tasks: List[TaskInfo] = []  # TaskInfo by task index, once all tasks came
-        self.ranks: List[Any] = []  # RankInfo by task index, once assigned
-        self.rendezvous_missing: List[int] = []  # task indexes that never reached the store
-        self.beats: Dict[int, Any] = {}  # rank -> (its beat count, when that count was first seen)
-        self.next_beat_check = 0.0
-        self.lost_ranks: List[Any] = []  # RankInfo of the ranks on a host that went silent
 
     def run(self) -> Outcome:
         thread = threading.Thread(target=self._job, name=self.group, daemon=True)
@@ -360,46 +335,35 @@ class _Attempt:
                                                self._listener)
         except BaseException:
             self._listener.close()
-            if not self.config.local_mode:
-                self.spark.sparkContext.cancelJobGroup(self.group)
+            self._cancel()
             thread.join()
             raise
-        self.store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
-        timed_out = False
+        store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
+        coordinator = Coordinator(store, self.config, self.spec, self.backend, job_ended=self.done.is_set,
+                                  cancel=self._cancel, on_report=self.owner._on_report, deadline=self.deadline,
+                                  host=self.config.driver_host, bind_address=self.config.bind_address)
         try:
-            timed_out = self._watch()
+            coordinator.watch(self.done.wait)
             thread.join()
-            if self.job_error and not self.store.has(ABORT):
-                self.store.put(ABORT, Abort.JOB_FAILED)  # supervisors still running stop their ranks
-            self._drain_reports(final=True)
+            if self.job_error and not store.has(ABORT):
+                store.put(ABORT, Abort.JOB_FAILED)  # supervisors still running stop their ranks
+            coordinator.drain_reports(final=True)
+            seen = coordinator.seen(self.records, self.job_error[0] if self.job_error else None)
         except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
-            self.store.put(ABORT, Abort.CANCELLED)
-            if not self.config.local_mode:
-                self.spark.sparkContext.cancelJobGroup(self.group)
+            store.put(ABORT, Abort.CANCELLED)
+            self._cancel()
             thread.join(self.config.abort_grace_period + 5)
-            self._close()
             raise
         finally:
             self.backend.stop()
-        seen = self._seen(timed_out)
-        self._close()
+            # Dropping the last reference stops the store's server and closes its port.
+            del store, coordinator
+            self._store_server = None
         return outcome_of(seen)
 
-    def _seen(self, timed_out: bool) -> Seen:
-        """What this attempt saw, read from the store once the job has ended."""
-        store = self.store
-        # Numbers a stranger or a killed task took without writing a signed value are skipped.
-        failures = tuple(store.get(failure_key(i)) for i in range(1, store.counter(FAILURE_SEQ, 0) + 1)
-                         if store.has(failure_key(i)))
-        stacks = {r.rank: store.get(stack_key(r.rank)) for r in self.ranks if store.has(stack_key(r.rank))}
-        error = self.job_error[0] if self.job_error else None
-        return Seen(
-            driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
-            host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout, now=time.time(),
-            tasks=tuple(self.tasks), ranks=tuple(self.ranks), failures=failures, stacks=stacks,
-            records=tuple(self.records), timed_out=timed_out, lost_ranks=tuple(r.rank for r in self.lost_ranks),
-            rendezvous_missing=tuple(self.rendezvous_missing),
-            job_error=None if error is None else JobError(type(error).__name__, str(error)))
+    def _cancel(self) -> None:
+        if not self.config.local_mode:
+            self.spark.sparkContext.cancelJobGroup(self.group)
 
     def _job(self) -> None:
         try:
@@ -438,98 +402,3 @@ class _Attempt:
             t.join()
         if errors:
             raise errors[0]
-
-    def _watch(self) -> bool:
-        """Assign ranks, relay reports, enforce abort and timeout until the job ends. True if timed out."""
-        n = self.config.num_processes
-        assigned = False
-        abort_at = None
-        cancelled = False
-        timed_out = False
-        rendezvous_deadline = time.monotonic() + self.config.rendezvous_timeout
-        poll = 0.002
-        while not self.done.wait(poll):
-            now = time.monotonic()
-            if not assigned and abort_at is None:
-                if all(self.store.has(task_key(i)) for i in range(n)):
-                    self._assign([self.store.get(task_key(i)) for i in range(n)])
-                    assigned = True
-                    poll = 0.01
-                elif now > rendezvous_deadline:
-                    self.store.put(ABORT, Abort.RENDEZVOUS_TIMEOUT)
-                    abort_at = now
-                    self.rendezvous_missing = [i for i in range(n) if not self.store.has(task_key(i))]
-            else:
-                poll = min(poll * 1.5, 0.1)
-            self._drain_reports()
-            if assigned and abort_at is None and self._silent_hosts(now):
-                self.store.put(ABORT, Abort.HOST_LOST)
-                abort_at = now
-                if not self.config.local_mode:  # the silent host's tasks cannot stop by themselves: no grace
-                    cancelled = True
-                    self.spark.sparkContext.cancelJobGroup(self.group)
-            if abort_at is None and self.store.has(ABORT):
-                abort_at = now
-            if self.deadline is not None and now > self.deadline and abort_at is None:
-                self.store.put(ABORT, Abort.TIMEOUT)
-                abort_at, timed_out = now, True
-            if abort_at is not None and not cancelled and now - abort_at > self.config.abort_grace_period:
-                cancelled = True
-                if not self.config.local_mode:
-                    self.spark.sparkContext.cancelJobGroup(self.group)
-        return timed_out
-
-    def _silent_hosts(self, now: float) -> bool:
-        """Whether a host went silent: its ranks' supervisors stopped beating (a host off the network, a
-        frozen machine) for ``spark.dist.hostLostTimeout``; Spark itself notices only after its executor
-        heartbeat timeout (60-120 s). Sets ``lost_ranks`` to every unfinished rank on such hosts. Read every
-        half second; a rank that never beat yet (its worker still importing torch) gets 60 s at least."""
-        if now < self.next_beat_check:
-            return False
-        self.next_beat_check = now + 0.5
-        counts = {r.rank: self.store.counter(beat_key(r.rank), 0) for r in self.ranks}
-        silent_hosts = set()
-        for r in self.ranks:
-            count = counts[r.rank]
-            seen_count, since = self.beats.get(r.rank, (None, now))
-            if count != seen_count:
-                self.beats[r.rank] = (count, now)
-                continue
-            bound = self.config.host_lost_timeout if count else max(self.config.host_lost_timeout, 60.0)
-            if count < BEAT_ENDED and now - since > bound:
-                silent_hosts.add(r.host)
-        self.lost_ranks = [r for r in self.ranks if r.host in silent_hosts and counts[r.rank] < BEAT_ENDED]
-        return bool(self.lost_ranks)
-
-    def _assign(self, tasks: List[TaskInfo]) -> None:
-        ranks = assign_ranks(tasks)
-        self.tasks, self.ranks = tasks, ranks
-        extra = self.backend.start(ranks, self.config.driver_host, self.config.run_id,
-                                   bind_address=self.config.bind_address)
-        envs = tuple({**torchrun_env(r, self.spec.store_host, self.spec.store_port, self.attempt, self.config.use_gpu),
-                      **extra.get(r.rank, {})} for r in ranks)
-        self.store.put(ASSIGNMENT, Assignment(tuple(ranks), envs))
-
-    def _drain_reports(self, final: bool = False) -> None:
-        """Relay the reports in order. A slot whose number was taken but which holds no signed value (a
-        stranger bumped the counter or wrote a forged value; a rank died between counting and writing) is
-        skipped once it has stayed empty for REPORT_SLOT_GRACE_S (at once when the job has ended), so it
-        never holds up the real reports."""
-        latest = self.store.counter(REPORT_SEQ, 0)
-        now = time.monotonic()
-        for seq in range(self.reports_seen + 1, latest + 1):
-            self.empty_slot_since.setdefault(seq, now)  # the grace runs from when the number was first seen
-        while self.reports_seen < latest:
-            seq = self.reports_seen + 1
-            if self.store.has(report_key(seq)):
-                self.owner._on_report(self.store.get(report_key(seq)))
-            elif not final and now - self.empty_slot_since[seq] < REPORT_SLOT_GRACE_S:
-                return  # maybe a rank between counting and writing: look again at the next poll
-            self.empty_slot_since.pop(seq, None)
-            self.reports_seen = seq
-
-    def _close(self) -> None:
-        # Dropping the last reference stops the store's server and closes its port.
-        self.store = None
-        self._store_server = None
-

@@ -105,13 +105,21 @@ def interface_of(host: str) -> Optional[str]:
     return None
 
 
-def bind_listener(host: str) -> socket.socket:
-    """A listening socket on ``host`` only, on a free port. torch's TCPStore would listen on all
-    interfaces whatever host it is given; binding here and passing the descriptor keeps it on one."""
+def bind_listener(host: str, port: int = 0) -> socket.socket:
+    """A listening socket on ``host`` only, on ``port`` (0: a free one). torch's TCPStore would listen on
+    all interfaces whatever host it is given; binding here and passing the descriptor keeps it on one.
+
+    Raises:
+        OSError: ``port`` is taken.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     sock.listen(128)
     return sock
 

@@ -3,46 +3,37 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
-from . import jvm
+from . import session
 from .errors import ConfigError
 
 
-def cluster_task_slots(sc) -> int:
-    """Tasks the cluster can run at once under the default resource profile (CPU and GPU amounts both
-    count), as Spark's own barrier slot check computes it."""
-    return jvm.max_concurrent_tasks(sc)
-
-
-def wait_for_slots(sc, needed: int, timeout: float, use_gpu: bool) -> int:
+def wait_for_slots(spark, needed: int, timeout: float, use_gpu: bool) -> Optional[int]:
     """Return the slot count once it reaches ``needed``; executors may still be registering, so wait up
     to ``timeout`` seconds rather than fail at once (not on a ``local[N]`` master, whose slots are all there
-    from the start), but never Spark's own 10-minute barrier wait.
+    from the start), but never Spark's own 10-minute barrier wait. ``None`` (at once) where the count is
+    unknown: under Spark Connect without the conf that tells it (see :func:`spark_dist.session.task_slots`).
 
     Raises:
         ConfigError: the cluster has fewer slots than ``num_processes`` after ``timeout`` seconds.
     """
     # A local[N] master has all its slots from the start: waiting would only delay the error.
-    local = sc.master == "local" or sc.master.startswith("local[")
-    deadline = time.monotonic() + (0 if local else timeout)
-    slots = cluster_task_slots(sc)
+    deadline = time.monotonic() + (0 if session.is_local_master(spark) else timeout)
+    slots = session.task_slots(spark)
+    if slots is None:
+        return None
     while slots < needed and time.monotonic() < deadline:
         time.sleep(0.25)
-        slots = cluster_task_slots(sc)
+        slots = session.task_slots(spark)
     if slots < needed:
         unit = "GPU task slots (spark.task.resource.gpu.amount per task)" if use_gpu else "task slots"
         raise ConfigError(
-            f"num_processes={needed} but the cluster has {slots} {unit} (master {sc.master}): lower "
+            f"num_processes={needed} but the cluster has {slots} {unit} (master {session.master(spark)}): lower "
             "num_processes, add executors or cores, or raise spark.dist.slotWaitTimeout if executors are "
             "still starting"
         )
     return slots
-
-
-def executor_hosts(sc) -> List[str]:
-    """The hosts of the executors registered now (the driver's entry included); no Spark job."""
-    return jvm.executor_hosts(sc)
 
 
 def task_gpu_addresses(task_context) -> List[str]:

@@ -23,6 +23,8 @@ SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL, LOCAL_CLUSTER, STANDALONE, TWO_HOSTS = "local", "local_cluster", "standalone", "two_hosts"
 SHARED_EXECUTORS = "shared_executors"  # local-cluster, two executors of two cores: ranks share an executor
+# Spark Connect servers (tests/connect_server.py), in front of local[2] or of the standalone cluster.
+CONNECT_LOCAL, CONNECT_STANDALONE = "connect_local", "connect_standalone"
 # Every process this test session starts inherits this variable (JVMs pass their environment on to
 # executors and Python daemons), which lets the leak check find orphans whose parent already died.
 SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
@@ -30,6 +32,23 @@ SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
 SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py")
 
 N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, SHARED_EXECUTORS: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
+
+
+# Every test session's conf (the Connect server's too): loopback only, small, quick to give up.
+TEST_CONF = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.python.worker.reuse": "true",
+    "spark.executor.memory": "1g",
+    # Too few slots for a barrier stage otherwise re-checks every 15 s, 40 times.
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "10",
+    # Small enough that a test can return a result over it (test_result.py).
+    "spark.driver.maxResultSize": "64m",
+}
 
 
 def free_port():
@@ -202,6 +221,9 @@ class SparkManager:
         self.spark = None
         self.cluster = None  # StandaloneCluster, started lazily
         self.hosts_cluster = None  # two_hosts.TwoHostCluster, started lazily (root only)
+        self.connect_server = None  # connect_server.ConnectServer, one at a time, started lazily
+        self.connect_kind = None
+        self.connect_spark = None  # its client session
 
     def standalone(self):
         if self.cluster is None or not self.cluster.is_running():
@@ -223,6 +245,8 @@ class SparkManager:
                     self.stop()
                 self.hosts_cluster.stop()
             if self.cluster is not None:  # free the cores: the loopback cluster restarts if a test asks
+                if self.connect_kind == CONNECT_STANDALONE:
+                    self.stop_connect()
                 if self.kind == STANDALONE:
                     self.stop()
                 self.cluster.stop()
@@ -234,20 +258,7 @@ class SparkManager:
         return self.hosts_cluster
 
     def _conf(self, kind):
-        conf = {
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.python.worker.reuse": "true",
-            "spark.executor.memory": "1g",
-            # Too few slots for a barrier stage otherwise re-checks every 15 s, 40 times.
-            "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
-            "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "10",
-            # Small enough that a test can return a result over it (test_result.py).
-            "spark.driver.maxResultSize": "64m",
-        }
+        conf = dict(TEST_CONF)
         if kind == LOCAL:
             conf["spark.master"] = "local[2]"
         elif kind == LOCAL_CLUSTER:
@@ -320,7 +331,39 @@ class SparkManager:
         except Exception:  # a broken JVM (e.g. a test timed out mid-call): start from scratch
             stop_gateway()
 
+    def connect(self, kind):
+        """A Connect client session of a server in front of ``kind`` (CONNECT_LOCAL or CONNECT_STANDALONE),
+        started once and kept for the tests of that kind; its executors are up and warm."""
+        from connect_server import ConnectServer
+
+        if self.connect_kind == kind and self.connect_server is not None and self.connect_server.is_running() \
+                and (kind != CONNECT_STANDALONE or self.cluster is not None and self.cluster.is_running()):
+            return self.connect_spark
+        self.stop_connect()
+        if kind == CONNECT_STANDALONE:
+            if self.kind == STANDALONE:
+                self.stop()  # our classic app would hold every core of the cluster
+            master = self.standalone().master_url
+        else:
+            master = "local[2]"
+        d = os.path.join(self.tmpdir, f"{kind}-{time.time_ns()}")
+        os.makedirs(d)
+        self.connect_server = ConnectServer(d, master).start()
+        self.connect_kind, self.connect_spark = kind, self.connect_server.session()
+        _wait_for("the Connect server's executors", lambda: _barrier_job_runs(self.connect_spark), timeout=120,
+                  interval=1.0)
+        return self.connect_spark
+
+    def stop_connect(self):
+        server, self.connect_server, self.connect_kind, self.connect_spark = self.connect_server, None, None, None
+        if server is not None:
+            server.stop()
+
     def shutdown(self):
+        try:
+            self.stop_connect()
+        except Exception:  # noqa: BLE001 -- the rest must still go
+            pass
         clusters = [c for c in (self.cluster, self.hosts_cluster) if c is not None]
         self.cluster = self.hosts_cluster = None
         try:
@@ -331,6 +374,33 @@ class SparkManager:
                     cluster.stop()
             finally:
                 stop_gateway()
+
+
+def _barrier_job_runs(spark):
+    """One barrier task per slot through Connect (so each executor starts its Python daemon now, not in a
+    test); False while the executors are still registering."""
+    def one(batches):
+        for batch in batches:
+            yield batch
+
+    try:
+        return spark.range(0, 2, 1, 2).mapInArrow(one, "id long", barrier=True).count() == 2
+    except Exception:  # noqa: BLE001 -- too few slots yet
+        return False
+
+
+def connect_available():
+    """``None`` when this pyspark can run a Spark Connect server and client, else the reason."""
+    import glob
+
+    if not glob.glob(os.path.join(SPARK_HOME, "jars", "spark-connect_*.jar")):
+        return f"pyspark {pyspark.__version__} ships no Spark Connect server (the 3.5 wheel has none)"
+    try:
+        import grpc  # noqa: F401
+        from pyspark.sql.connect.session import SparkSession as _  # noqa: F401
+    except ImportError as exc:
+        return f"the Spark Connect client cannot be imported: {exc}"
+    return None
 
 
 def stop_gateway():

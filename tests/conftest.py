@@ -35,7 +35,8 @@ import pytest_timeout  # noqa: E402
 from pyspark import SparkContext  # noqa: E402
 
 from clusters import (  # noqa: E402
-    LOCAL, LOCAL_CLUSTER, SESSION_MARKER, SHARED_EXECUTORS, STANDALONE, TWO_HOSTS, SparkManager, describe,
+    CONNECT_LOCAL, CONNECT_STANDALONE, LOCAL, LOCAL_CLUSTER, SESSION_MARKER, SHARED_EXECUTORS, STANDALONE,
+    TWO_HOSTS, SparkManager, connect_available, describe,
     stop_gateway, wait_for_no_leaks,
 )
 
@@ -48,6 +49,10 @@ def _group(item):
     only use the cluster (and stop the session), so the session starts once."""
     names = item.fixturenames
     if "spark_two_hosts" in names:
+        return 8
+    if "spark_connect_standalone" in names:
+        return 7
+    if "spark_connect" in names:
         return 6
     if "spark_standalone" in names:
         return 4
@@ -105,6 +110,33 @@ def spark_local_cluster(spark_manager):
 def spark_shared_executors(spark_manager):
     """Two executors of two cores each: two ranks share an executor."""
     yield from _session(spark_manager, SHARED_EXECUTORS)
+
+
+def _connect_session(manager, kind, monkeypatch):
+    reason = connect_available()
+    if reason:
+        pytest.skip(f"Spark Connect: {reason}")
+    spark = manager.connect(kind)
+    # As after SparkSession.builder.remote(...) in a user's process: pyspark.sql.utils.is_remote() is True,
+    # so pyspark.sql.functions build Connect columns (the classic session waits unused meanwhile).
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    yield spark
+    try:
+        spark.interruptAll()  # a failed test may leave a job running
+    except Exception:  # noqa: BLE001
+        pass
+
+
+@pytest.fixture
+def spark_connect(spark_manager, monkeypatch):
+    """A Spark Connect client session; its server drives local[2]."""
+    yield from _connect_session(spark_manager, CONNECT_LOCAL, monkeypatch)
+
+
+@pytest.fixture
+def spark_connect_standalone(spark_manager, monkeypatch):
+    """A Spark Connect client session; its server drives the standalone cluster (two 1-core workers)."""
+    yield from _connect_session(spark_manager, CONNECT_STANDALONE, monkeypatch)
 
 
 @pytest.fixture

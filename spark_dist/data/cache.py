@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 from typing import Any, Dict, Iterable, Tuple
 
+from .. import session
 from .checks import _aggregate_cache, _enough_rows, _judge
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
 from .location import CACHE_DIR_CONF, _check_reachable, _parent_url, remote_hosts
@@ -109,7 +110,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
             if stats is None:
                 stats = _aggregate_cache(spark, converter.cache_dir_url, df.schema, kinds, ranges)
             described = _judge(name, stats, len(converter), kinds, num_ranks)
-            entry.handle = describe_files(name, converter.cache_dir_url, converter.file_urls, kinds, described)
+            entry.handle = _described(spark, name, converter.cache_dir_url, converter.file_urls, kinds, described)
         except BaseException:
             _delete(entry)
             raise
@@ -117,6 +118,17 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
         return entry.handle
     finally:
         _done_writing(mine)
+
+
+def _described(spark, name: str, cache_dir_url: str, file_urls, kinds: Dict[str, str], described) -> DatasetHandle:
+    """The handle, from the cache files' footers; under Spark Connect, when this client does not see the
+    cache (the driver runs elsewhere), one task reads them: executors see the cache by definition."""
+    directory = local_path(cache_dir_url)
+    if session.is_connect(spark) and (directory is None or not os.path.isdir(directory)):
+        files = list(file_urls)
+        return session.run_on_executors(
+            spark, 1, lambda _: [describe_files(name, cache_dir_url, files, kinds, described)])[0]
+    return describe_files(name, cache_dir_url, file_urls, kinds, described)
 
 
 __all__ = ["CACHE_DIR_CONF", "prepare_datasets", "clear_cache", "column_kinds", "remote_hosts", "in_use",

@@ -19,7 +19,7 @@ import uuid
 from typing import Iterable, List, Optional
 from urllib.parse import urlparse
 
-from .. import tempdirs
+from .. import session, tempdirs
 from .handle import DatasetError, local_path, readable_url
 
 logger = logging.getLogger(__name__)
@@ -45,10 +45,16 @@ def _parent_url(spark) -> str:
                                f"'file://{url}' or 'hdfs://...'")
         readable_url(url)  # before the write: a scheme the ranks cannot read is refused now, naming the key
         return url.rstrip("/")
+    if session.is_connect(spark):
+        driver = spark.conf.get("spark.driver.host", None) or "?"
+        if remote_hosts("127.0.0.1", [driver]):
+            raise DatasetError(
+                f"under Spark Connect the driver runs on {driver}, not on this machine, so the dataset cache "
+                f"cannot default to a directory here: set {CACHE_DIR_CONF} (spark.conf.set) to a filesystem every "
+                "executor sees (hdfs://..., s3a://..., or a file: mount present on all hosts)")
     with _lock:
         if _default_parent is None or not os.path.isdir(_default_parent):
-            # classic only (no SparkContext under Spark Connect)
-            local_dirs = (spark.sparkContext.getConf().get("spark.local.dir") or "").split(",")
+            local_dirs = (session.conf_snapshot(spark).get("spark.local.dir") or "").split(",")
             base = next((d for d in local_dirs if d and os.path.isdir(d)), tempfile.gettempdir())
             _default_parent = tempdirs.make("cache", parent=base)  # also sweeps those of dead drivers
         return "file://" + _default_parent
@@ -104,51 +110,52 @@ def _check_reachable(spark, parent_url: str) -> None:
         DatasetError: the default directory while executors run on other hosts, or a named directory that
             executors on some host do not see; the message names the conf key.
     """
-    sc = spark.sparkContext  # classic only (no SparkContext under Spark Connect)
-    master = sc.master
-    if master == "local" or master.startswith("local[") or urlparse(parent_url).scheme != "file":
+    if session.is_local_master(spark) or urlparse(parent_url).scheme != "file":
         return
-    driver_host = sc.getConf().get("spark.driver.host") or socket.gethostname()
-    from ..resources import executor_hosts
-
-    hosts = executor_hosts(sc)
+    driver_host = session.conf_snapshot(spark).get("spark.driver.host") or socket.gethostname()
+    app_id = session.app_id(spark)
+    hosts, blind = session.executor_hosts(spark), None
+    counted = hosts is not None  # the driver's entry included
+    if not counted:  # Spark Connect has no API for the executors' hosts: the marker job tells them too
+        seen = _marker_seen(spark, local_path(parent_url), tasks=4)
+        hosts, blind = sorted({host for host, _ in seen}), sorted({host for host, found in seen if not found})
     far = remote_hosts(driver_host, hosts)
     if far and not spark.conf.get(CACHE_DIR_CONF, None):
         raise DatasetError(
             f"the dataset cache {parent_url} is on the driver's local disk, but executors run on other hosts "
             f"({', '.join(far)}) and could neither write it nor read it; set {CACHE_DIR_CONF} to a filesystem "
             "every executor sees (hdfs://..., s3a://..., or file:/dbfs/... or an NFS mount present on all hosts)")
-    if far and (sc.applicationId, parent_url) not in _seen_by_executors:
-        blind = _hosts_not_seeing(sc, local_path(parent_url), len(hosts))
+    if far and (app_id, parent_url) not in _seen_by_executors:
+        if blind is None:
+            blind = sorted({host for host, found in _marker_seen(spark, local_path(parent_url), 2 * len(hosts))
+                            if not found})
         if blind:
             raise DatasetError(
                 f"{CACHE_DIR_CONF}={parent_url}: executors on {', '.join(blind)} do not see this directory (a "
                 "marker file the driver wrote there was not found); mount it on every host or set the key to "
                 "a filesystem every executor sees (hdfs://..., s3a://...)")
-        _seen_by_executors.add((sc.applicationId, parent_url))
-    if len(hosts) <= 1:
+        _seen_by_executors.add((app_id, parent_url))
+    if counted and len(hosts) <= 1:
         logger.warning("spark_dist: no executor has registered yet, so cannot check that they all see the "
                        "dataset cache %s; on a multi-host cluster set %s to a shared filesystem",
                        parent_url, CACHE_DIR_CONF)
 
 
-def _hosts_not_seeing(sc, directory: str, executors: int) -> List[str]:
-    """The executor hosts on which ``directory`` lacks the marker file the driver writes there now."""
+def _marker_seen(spark, directory: str, tasks: int) -> List[tuple]:
+    """``(executor host, whether it found the marker)`` from ``tasks`` tasks (at least 2, so that every
+    executor runs one), for a marker file the driver writes in ``directory`` now and deletes after."""
     os.makedirs(directory, exist_ok=True)
     marker = os.path.join(directory, f".spark_dist-marker-{uuid.uuid4().hex}")
     with open(marker, "w") as f:
         f.write("written by the spark_dist driver to check that executors share this directory\n")
     try:
-        tasks = max(2 * executors, 2)  # enough tasks that every executor runs one
-
-        def look(_):
+        def look(_index):
             import os as _os
+            import socket as _socket
 
-            host = _os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+            host = _os.environ.get("SPARK_LOCAL_IP") or _socket.gethostname()
             return [(host, _os.path.exists(marker))]
 
-        # classic only (no SparkContext under Spark Connect)
-        seen = sc.parallelize(range(tasks), tasks).mapPartitions(look).collect()
+        return session.run_on_executors(spark, max(tasks, 2), look)
     finally:
         os.unlink(marker)
-    return sorted({host for host, found in seen if not found})

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .. import jvm
+from .. import session
 from .handle import DatasetHandle, local_path
 from .location import _remove_default_parent
 
@@ -68,14 +68,13 @@ def _input_files(spark, df) -> tuple:
             except OSError:  # gone already: the write will say so; no cache can match it meanwhile
                 identity.append((url, -1, -1))
         else:
-            # classic only (no SparkContext under Spark Connect)
-            identity.append((url, *jvm.file_identity(spark.sparkContext, url)))
+            identity.append((url, *session.file_identity(spark, url)))
     return tuple(identity)
 
 
 def _app_id(spark) -> str:
     """The id of ``spark``'s application: caches are kept, evicted and cleared per application."""
-    return spark.sparkContext.applicationId  # classic only (no SparkContext under Spark Connect)
+    return session.app_id(spark)
 
 
 _lock = threading.RLock()
@@ -194,16 +193,17 @@ def _stop_after_clearing(original_stop, app_id: str) -> None:
 
 
 def _register_cleanup(spark) -> None:
-    """Delete the caches when the SparkContext stops and at interpreter exit, so they never pile up.
+    """Delete the caches when the SparkContext stops (under Spark Connect: when this client session stops)
+    and at interpreter exit, so they never pile up.
 
     PySpark has no stop hook, so the context's ``stop`` is wrapped (once) on this instance only.
     """
     global _atexit_registered
-    sc = spark.sparkContext  # classic only (no SparkContext under Spark Connect)
+    sc = spark if session.is_connect(spark) else spark.sparkContext
     with _lock:
         if not _atexit_registered:
             atexit.register(clear_cache)
             _atexit_registered = True
         if not getattr(sc, "_spark_dist_clears_cache", False):
-            sc.stop = functools.partial(_stop_after_clearing, sc.stop, sc.applicationId)
+            sc.stop = functools.partial(_stop_after_clearing, sc.stop, session.app_id(spark))
             sc._spark_dist_clears_cache = True

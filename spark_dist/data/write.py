@@ -5,11 +5,12 @@ with vectors as dense float32 arrays, and reuses a cache the user's own converte
 DataFrame.
 """
 import logging
+import time
 import uuid
 import warnings
 from typing import Dict, Iterable, List, Optional
 
-from .. import jvm
+from .. import jvm, session
 from .checks import _observed, _value_exprs
 from .handle import open_parquet
 from .schema import VECTOR, quoted
@@ -46,9 +47,12 @@ def _as_float32(df):
     return df.select([narrowed(f) for f in df.schema.fields])
 
 
-def _users_petastorm_cache(df, parent_url: str) -> Optional[str]:
+def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
     """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (by its
-    analyzed plan; with the settings we use), which we read but never delete."""
+    analyzed plan; with the settings we use), which we read but never delete. Never under Spark Connect,
+    where Petastorm's converter cannot run."""
+    if session.is_connect(spark):
+        return None
     from petastorm.spark import spark_dataset_converter as psc
 
     with psc._cache_df_meta_list_lock:
@@ -65,10 +69,10 @@ def _users_petastorm_cache(df, parent_url: str) -> Optional[str]:
 
 
 def _cache_files(spark, url: str) -> List[str]:
-    """The Parquet files of a cache directory, listed through Spark's Hadoop filesystem (any scheme Spark
-    wrote it with), as ``scheme://path`` URLs; no Spark job."""
+    """The Parquet files of a cache directory, as Spark lists them (any scheme Spark wrote it with), as
+    ``scheme://path`` URLs; no Spark job."""
     files = []
-    for file_url in jvm.list_files(spark.sparkContext, url):  # classic only (no SparkContext under Spark Connect)
+    for file_url in session.list_files(spark, url):
         name = file_url.rsplit("/", 1)[-1]
         if name.endswith(".parquet") and not name.startswith(("_", ".")):
             files.append("file://" + file_url[len("file:"):] if file_url.startswith("file:/") and
@@ -78,13 +82,6 @@ def _cache_files(spark, url: str) -> List[str]:
 
 def _row_count(file_urls) -> int:
     return sum(open_parquet(url).metadata.num_rows for url in file_urls)
-
-
-class _QuietPetastorm(logging.Filter):
-    """Petastorm warns on every call that it converts doubles to float32 (documented here)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Converting floating-point")
 
 
 def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iterable[str] = ()):
@@ -98,20 +95,18 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     from petastorm.spark import spark_dataset_converter as psc
     from pyspark.sql import Observation
 
-    existing = _users_petastorm_cache(df, parent_url)
+    existing = _users_petastorm_cache(spark, df, parent_url)
     if existing is not None:
         files = _cache_files(spark, existing)
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
     df = _with_arrays(df, kinds)
     observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
     observed = _as_float32(df.observe(observation, *_value_exprs(df.schema, kinds, ranges)))
-    quiet = _QuietPetastorm()
-    psc.logger.addFilter(quiet)
-    try:
-        url = psc._materialize_df(observed, parent_url, psc.DEFAULT_ROW_GROUP_SIZE_BYTES, "uncompressed",
-                                  "float32")
-    finally:
-        psc.logger.removeFilter(quiet)
+    # What Petastorm's _materialize_df does, through the DataFrame API alone (it also runs under Spark
+    # Connect, where Petastorm's own call fails: it asks for a classic session to name the directory).
+    url = f"{parent_url}/{time.strftime('%Y%m%d%H%M%S')}-appid-{session.app_id(spark)}-{uuid.uuid4()}"
+    observed.write.option("compression", "uncompressed") \
+        .option("parquet.block.size", psc.DEFAULT_ROW_GROUP_SIZE_BYTES).parquet(url)
     files = _cache_files(spark, url)
     stats = _observed(observation)
     # The write counted its rows; the footers (read once more by describe_files) only when it did not say.

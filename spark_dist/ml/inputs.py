@@ -191,6 +191,6 @@ def check_slots(spark, needed: int, use_gpu: bool) -> None:
     from ..resources import wait_for_slots
 
     try:
-        wait_for_slots(spark.sparkContext, needed, slot_wait_timeout(_spark_conf(spark)), use_gpu)
+        wait_for_slots(spark, needed, slot_wait_timeout(_spark_conf(spark)), use_gpu)
     except ConfigError as exc:
         raise ConfigError(f"numProcesses={needed}: {exc}") from None

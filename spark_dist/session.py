@@ -1,0 +1,159 @@
+"""What spark_dist asks of a Spark session, on a classic session or under Spark Connect.
+
+A classic session has a SparkContext in this process: its conf, slot count and executor hosts come through
+PySpark's private py4j handles (:mod:`spark_dist.jvm`), and jobs run as RDDs. A Spark Connect session is a
+thin client of a remote driver: only the DataFrame API and ``spark.conf`` exist. Every question that has no
+Connect API gets an honest substitute here, said in each function's docstring.
+
+Which kind a session is: the session's own class (:func:`is_connect`). PySpark's ``is_remote()`` tells
+whether this *process* runs Spark Connect; :meth:`spark_dist.Distributor.run` uses it to find the active
+session when none is given, and a process may hold both kinds at once (a test suite does).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from . import jvm
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote("sc://...")``)."""
+    if spark is None or type(spark).__module__ == "pyspark.sql.session":
+        return False
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # a pyspark without Connect's client packages (grpcio): no such session exists
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+_context_conf_cache: Dict[str, Dict[str, str]] = {}
+
+
+def conf_snapshot(spark, runtime_keys: Iterable[str] = ()) -> Dict[str, str]:
+    """The session's Spark conf as a dict. On a classic session: the SparkContext's conf (fixed once the
+    context runs, so read once per context: py4j calls cost on the launch path), with ``runtime_keys``
+    also taken from the session's runtime conf (``spark.conf.set("spark.dist.checkpointDir", ...)`` in a
+    notebook works). Under Connect: ``spark.conf.getAll`` (one round trip), which holds the keys that were
+    set (the server's static conf and this session's)."""
+    if spark is None:
+        return {}
+    if is_connect(spark):
+        return dict(spark.conf.getAll)
+    sc = spark.sparkContext
+    key = sc.applicationId  # not id(): a stopped context's address may be reused by the next one
+    if key not in _context_conf_cache:
+        _context_conf_cache.clear()  # one live SparkContext per process
+        _context_conf_cache[key] = dict(sc.getConf().getAll())
+    conf = dict(_context_conf_cache[key])
+    for name in runtime_keys:
+        value = spark.conf.get(name, None)
+        if value is not None:
+            conf[name] = value
+    return conf
+
+
+def master(spark) -> str:
+    return spark.conf.get("spark.master", "") if is_connect(spark) else spark.sparkContext.master
+
+
+def app_id(spark) -> str:
+    """The application's id (caches are kept per application)."""
+    return spark.conf.get("spark.app.id") if is_connect(spark) else spark.sparkContext.applicationId
+
+
+def is_local_master(spark) -> bool:
+    name = master(spark)
+    return name == "local" or name.startswith("local[")
+
+
+def task_slots(spark, conf: Optional[Dict[str, str]] = None) -> Optional[int]:
+    """Tasks the cluster can run at once, as Spark's own barrier check counts them; ``None`` when unknown.
+
+    Classic: the scheduler's count (CPU and GPU amounts both count). Spark Connect has no API for it; the
+    substitute is the conf: ``local[N]`` has N slots, ``local-cluster[E,C,M]`` E*C/``spark.task.cpus``, and
+    a cluster with ``spark.executor.instances`` and ``spark.executor.cores`` set has their product over
+    ``spark.task.cpus``. Otherwise (``local[*]``, dynamic allocation) it is unknown, and Spark's own barrier
+    check is the one that applies.
+    """
+    if not is_connect(spark):
+        return jvm.max_concurrent_tasks(spark.sparkContext)
+    conf = conf_snapshot(spark) if conf is None else conf
+    name = conf.get("spark.master", "")
+    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
+    if name == "local":
+        return 1
+    local = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", name)
+    if local:
+        return int(local.group(1)) // task_cpus
+    cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", name)
+    if cluster:
+        return int(cluster.group(1)) * int(cluster.group(2)) // task_cpus
+    instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+    if instances and cores and conf.get("spark.dynamicAllocation.enabled", "false") != "true":
+        return int(instances) * int(cores) // task_cpus
+    return None
+
+
+def executor_hosts(spark) -> Optional[List[str]]:
+    """The hosts of the executors registered now (the driver's entry included); no Spark job. ``None``
+    under Spark Connect, which has no API for it (callers that must know run a job on the executors)."""
+    if is_connect(spark):
+        return None
+    return jvm.executor_hosts(spark.sparkContext)
+
+
+def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[Any]:
+    """Run ``fn(task_index)`` in ``tasks`` Spark tasks (one small job, not barrier); its lists, joined."""
+    if not is_connect(spark):
+        return spark.sparkContext.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
+            lambda index, _: fn(index)).collect()
+    return [_loads(row[0]) for row in spark.range(0, tasks, 1, tasks).mapInArrow(
+        _arrow_task(fn), "record binary").collect()]
+
+
+def _arrow_task(fn: Callable[[int], List[Any]]):
+    def task(batches):
+        import pickle
+
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        records = [pickle.dumps(r) for r in fn(TaskContext.get().partitionId())]
+        yield pa.RecordBatch.from_pydict({"record": records}, schema=pa.schema([("record", pa.binary())]))
+    return task
+
+
+def _loads(data: bytes):
+    import pickle
+
+    return pickle.loads(data)
+
+
+def cancel(spark, tag: str) -> None:
+    """Cancel the jobs started under ``tag`` (a job group on a classic session, a tag under Connect)."""
+    if is_connect(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobGroup(tag)
+
+
+def list_files(spark, url: str) -> List[str]:
+    """The Parquet data files directly under ``url`` as Spark lists them (any scheme Spark reads); no job.
+    Under Connect: the files of ``spark.read.parquet(url)`` (``inputFiles``, planned on the server)."""
+    if is_connect(spark):
+        return list(spark.read.parquet(url).inputFiles())
+    return jvm.list_files(spark.sparkContext, url)
+
+
+def file_identity(spark, url: str) -> tuple:
+    """``(length, modification time)`` of the file at ``url`` (any scheme Spark reads). Under Connect,
+    where the client may not reach the file system: Spark's ``binaryFile`` source reads the two fields from
+    the file's status (a small job)."""
+    if is_connect(spark):
+        row = spark.read.format("binaryFile").load(url).select("length", "modificationTime").first()
+        return (int(row[0]), str(row[1])) if row is not None else (-1, -1)
+    return jvm.file_identity(spark.sparkContext, url)

@@ -1,0 +1,136 @@
+"""Spark Connect: every entry point from a remote ``sc://`` session (tests/connect_server.py runs the server).
+
+The client holds no SparkContext: the launch is a barrier ``mapInArrow`` job under a job tag, the run's
+store lives in the first task, and datasets are written through the DataFrame API.
+"""
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spark_dist import ConfigError, Distributor, TrainingFailedError, get_context
+
+
+def allreduce_and_describe(scale):
+    dist.init_process_group("gloo")
+    ctx = get_context()
+    t = torch.tensor([float(ctx.rank + 1) * scale])
+    dist.all_reduce(t)
+    ctx.report(step=1, value=float(t))
+    dist.destroy_process_group()
+    return {"sum": float(t), "world": ctx.world_size, "store": os.environ["MASTER_ADDR"]}
+
+
+def test_a_function_runs_on_two_ranks_through_connect(spark_connect):
+    from pyspark.sql.utils import is_remote
+
+    assert is_remote() and not hasattr(spark_connect, "_jsc")
+    d = Distributor(num_processes=2, verbose=False)
+    assert d.run(allreduce_and_describe, 1.0) == {"sum": 3.0, "world": 2, "store": "127.0.0.1"}
+    assert sorted(r["rank"] for r in d.history) == [0, 1]  # the reports come back with the result
+
+
+def test_a_script_runs_through_connect(spark_connect, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\nimport torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+                      "open(sys.argv[1] + '/rank' + os.environ['RANK'], 'w').write(str(float(t)))\n")
+    assert Distributor(num_processes=2, verbose=False).run(str(script), str(tmp_path)) is None
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*")) == ["2.0", "2.0"]
+
+
+def raise_on_rank_one():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if get_context().rank == 1:
+        raise KeyError("no such column on rank 1")
+    dist.barrier()
+
+
+def test_a_failing_rank_is_named_with_its_exception(spark_connect):
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, verbose=False).run(raise_on_rank_one)
+    assert info.value.rank == 1 and info.value.exc_type == "KeyError"
+    assert isinstance(info.value.cause, KeyError) and "raise_on_rank_one" in info.value.remote_traceback
+
+
+def test_bad_settings_fail_before_any_job(spark_connect):
+    # local[2] behind the server: two slots, read from the conf (Connect has no slot API).
+    with pytest.raises(ConfigError, match="num_processes=3 but the cluster has 2 task slots"):
+        Distributor(num_processes=3, verbose=False).run(allreduce_and_describe, 1.0)
+    with pytest.raises(ConfigError, match="backend"):
+        Distributor(num_processes=2, backend="mpi")
+
+
+def test_a_killed_rank_resumes_from_its_checkpoint_with_identical_weights(spark_connect, tmp_path):
+    from test_reliability import train_with_checkpoints
+
+    expected = Distributor(num_processes=2, verbose=False, checkpoint_dir=str(tmp_path / "clean")).run(
+        train_with_checkpoints, 6, None)
+    resumed = Distributor(num_processes=2, max_retries=1, verbose=False, checkpoint_dir=str(tmp_path / "crash"))
+    out = resumed.run(train_with_checkpoints, 6, 3)
+    assert out["attempt"] == 1 and out["started_at"] == 3 and expected["attempt"] == 0
+    assert out["weights"].equal(expected["weights"])
+
+
+def test_a_hung_rank_is_named_after_the_timeout(spark_connect):
+    from spark_dist import RunTimeoutError
+    from test_reliability import hang_on_rank_one
+
+    started = time.monotonic()
+    with pytest.raises(RunTimeoutError) as info:
+        Distributor(num_processes=2, timeout=8, verbose=False).run(hang_on_rank_one)
+    assert info.value.rank == 1 and "hang_on_rank_one" in info.value.remote_traceback
+    assert time.monotonic() - started < 40
+
+
+def labels_of_my_shard():
+    ctx = get_context()
+    seen = []
+    for batch in ctx.loader("train", batch_size=25, shuffle=False):
+        seen += batch["label"].tolist()
+    return seen
+
+
+def gather_labels():
+    dist.init_process_group("gloo")
+    mine = labels_of_my_shard()
+    everyone = [None, None]
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def test_a_dataframe_is_cached_through_the_dataframe_api_and_sharded(spark_connect):
+    from pyspark.sql import functions as F
+
+    from spark_dist.data import DatasetError
+
+    df = spark_connect.range(200).select(F.array(F.col("id").cast("float")).alias("x"), F.col("id").alias("label"))
+    a, b = Distributor(num_processes=2, verbose=False).run(gather_labels, datasets={"train": df})
+    assert len(a) == len(b) == 100 and not set(a) & set(b) and sorted(a + b) == list(range(200))
+    bad = spark_connect.range(10).select(F.col("id").cast("string").alias("text"))
+    with pytest.raises(DatasetError, match="column 'text' has type string"):
+        Distributor(num_processes=2, verbose=False).run(gather_labels, datasets={"train": bad})
+
+
+def test_torch_distributor_and_horovod_runner_drop_ins(spark_connect):
+    from spark_dist import HorovodRunner, TorchDistributor
+
+    assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(allreduce_and_describe, 2.0)[
+        "sum"] == 6.0
+    pytest.importorskip("horovod.torch")
+    assert HorovodRunner(np=2, driver_log_verbosity="log_callback_only").run(horovod_sum) == 3.0
+    assert Distributor(num_processes=2, backend="horovod", verbose=False).run(horovod_sum) == 3.0
+
+
+def horovod_sum():
+    import horovod.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    hvd.shutdown()
+    return float(total)
