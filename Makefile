@@ -26,7 +26,7 @@ test:
 	  $$venv/bin/python -m pytest || rc=1; \
 	done; exit $$rc
 
-BENCHES := launch data horovod ml recovery
+BENCHES := launch connect data horovod ml recovery
 bench:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@for line in $(LINES); do for b in $(BENCHES); do \

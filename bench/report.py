@@ -49,6 +49,19 @@ def main():
             ("PySpark TorchDistributor, warm median", lambda d: seconds(f(d, "PySpark TorchDistributor")["warm_median"])),
             ("**TorchDistributor / spark_dist, warm**", lambda d: f"**{d['ratios']['warm_median']:.1f}x**"),
         ], launch))
+    connect = {line: d for line, d in load("connect").items() if "skipped" not in d}
+    if connect:
+        f = lambda d, k: d["figures"][k]  # noqa: E731
+        out.append(table("Launch through Spark Connect: 2 ranks, one gloo all-reduce (a Connect server in front of "
+                         "the standalone cluster; the 3.5 line has no Connect server)", [
+            ("bare barrier mapInArrow stage, warm median",
+             lambda d: seconds(f(d, "bare barrier mapInArrow stage")["warm_median"])),
+            ("**spark_dist**, first run in a new client session", lambda d: seconds(f(d, "spark_dist Distributor")["first"])),
+            ("**spark_dist**, warm median of 5", lambda d: seconds(f(d, "spark_dist Distributor")["warm_median"])),
+            ("PySpark TorchDistributor, first run", lambda d: seconds(f(d, "PySpark TorchDistributor")["first"])),
+            ("PySpark TorchDistributor, warm median", lambda d: seconds(f(d, "PySpark TorchDistributor")["warm_median"])),
+            ("**TorchDistributor / spark_dist, warm**", lambda d: f"**{d['ratios']['warm_median']:.1f}x**"),
+        ], connect))
     horovod = load("horovod")
     if horovod:
         out.append(table("Horovod: 2 ranks, hvd.init() and one all-reduce", [

@@ -157,3 +157,40 @@ def file_identity(spark, url: str) -> tuple:
         row = spark.read.format("binaryFile").load(url).select("length", "modificationTime").first()
         return (int(row[0]), str(row[1])) if row is not None else (-1, -1)
     return jvm.file_identity(spark.sparkContext, url)
+
+
+def write_bytes(spark, path: str, data: bytes) -> None:
+    """Write ``data`` as a new file at ``path`` (any scheme Spark writes); fails if it exists. Under Spark
+    Connect, where this client may not reach the file system, one task on an executor writes it."""
+    if not is_connect(spark):
+        return jvm.write_bytes(spark.sparkContext, path, data)
+
+    def write(_index):
+        from urllib.parse import urlparse
+
+        from pyarrow import fs as pafs
+
+        from .data.handle import local_path, readable_url
+
+        local = path if not urlparse(path).scheme else local_path(path)
+        if local is not None:
+            import os
+
+            os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+            with open(local, "xb") as f:
+                f.write(data)
+        else:
+            filesystem, fs_path = pafs.FileSystem.from_uri(readable_url(path))
+            with filesystem.open_output_stream(fs_path) as f:
+                f.write(data)
+        return []
+
+    run_on_executors(spark, 1, write)
+
+
+def read_bytes(spark, path: str) -> bytes:
+    """The whole file at ``path`` (any scheme Spark reads); under Connect through Spark's ``binaryFile``
+    source (one small job)."""
+    if not is_connect(spark):
+        return jvm.read_bytes(spark.sparkContext, path)
+    return bytes(spark.read.format("binaryFile").load(path).select("content").first()[0])

@@ -134,3 +134,38 @@ def horovod_sum():
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
     hvd.shutdown()
     return float(total)
+
+
+def test_estimator_fit_and_transform_in_a_pipeline_and_its_model_saved_and_loaded(spark_connect, tmp_path):
+    from pyspark.ml import PipelineModel
+
+    from test_ml import accuracy, digits_pandas, digits_pipeline, predictions
+
+    train, test = spark_connect.createDataFrame(digits_pandas()).randomSplit([0.8, 0.2], seed=42)
+    pipeline, _ = digits_pipeline("ddp")
+    fitted = pipeline.fit(train)
+    model = fitted.stages[-1]
+    assert accuracy(fitted.transform(test)) >= 0.93
+    assert len(model.history) == 10 and model.history[-1]["train_loss"] < model.history[0]["train_loss"]
+    saved = predictions(fitted.transform(test))
+    path = str(tmp_path / "pipeline_model")
+    fitted.write().save(path)
+    assert predictions(PipelineModel.load(path).transform(test)) == saved  # exactly the same numbers
+    fitted.write().overwrite().save(path)
+    assert predictions(PipelineModel.load(path).transform(test)) == saved
+
+
+# -- the same through a Connect server in front of the standalone cluster: ranks on two executors -----------
+def test_standalone_functions_datasets_and_drop_ins(spark_connect_standalone):
+    assert Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1.0)["sum"] == 3.0
+    test_a_dataframe_is_cached_through_the_dataframe_api_and_sharded(spark_connect_standalone)
+    test_torch_distributor_and_horovod_runner_drop_ins(spark_connect_standalone)
+
+
+def test_standalone_failures_and_retries(spark_connect_standalone, tmp_path):
+    test_a_failing_rank_is_named_with_its_exception(spark_connect_standalone)
+    test_a_killed_rank_resumes_from_its_checkpoint_with_identical_weights(spark_connect_standalone, tmp_path)
+
+
+def test_standalone_estimator(spark_connect_standalone, tmp_path):
+    test_estimator_fit_and_transform_in_a_pipeline_and_its_model_saved_and_loaded(spark_connect_standalone, tmp_path)

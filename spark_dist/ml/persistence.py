@@ -21,7 +21,7 @@ from typing import Any, Dict, Tuple
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from ..jvm import read_bytes, write_bytes
+from .. import session
 from ..pickling import by_value
 from .params import OBJECT_PARAMS
 
@@ -72,13 +72,22 @@ class TorchParamsWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def _handleOverwrite(self, path: str) -> None:
+        if session.is_connect(self.sparkSession):  # MLWriter's own asks the JVM; Connect's ML helper does it there
+            from pyspark.ml.connect.readwrite import RemoteMLWriter
+
+            RemoteMLWriter.handleOverwrite(path, True)
+        else:
+            super()._handleOverwrite(path)
+
     def saveImpl(self, path: str) -> None:
         json_params, objects = split_params(self.instance)
         extra = dict(self.instance._extra_metadata())
         extra["objects"] = sorted(objects)
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sc, extraMetadata=extra, paramMap=json_params)
+        DefaultParamsWriter.saveMetadata(self.instance, path, _context(self.sparkSession), extraMetadata=extra,
+                                         paramMap=json_params)
         if objects:
-            write_bytes(self.sc, os.path.join(path, OBJECTS_FILE), dumps(objects))
+            session.write_bytes(self.sparkSession, os.path.join(path, OBJECTS_FILE), dumps(objects))
 
 
 class TorchParamsReader(MLReader):
@@ -89,7 +98,7 @@ class TorchParamsReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        metadata = DefaultParamsReader.loadMetadata(path, self.sc)
+        metadata = DefaultParamsReader.loadMetadata(path, _context(self.sparkSession))
         module_name, _, class_name = metadata["class"].rpartition(".")
         py_type = getattr(__import__(module_name, fromlist=[class_name]), class_name)
         if not issubclass(py_type, self.cls):
@@ -98,13 +107,19 @@ class TorchParamsReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         if metadata.get("objects"):
-            objects = loads(read_bytes(self.sc, os.path.join(path, OBJECTS_FILE)))
+            objects = loads(session.read_bytes(self.sparkSession, os.path.join(path, OBJECTS_FILE)))
             instance._set(**objects)
         instance._load_extra_metadata(metadata)
         return instance
 
 
-__all__ = ["TorchParamsWriter", "TorchParamsReader", "dumps", "loads", "write_bytes", "read_bytes"]
+def _context(spark):
+    """What pyspark.ml's metadata helpers take: the SparkContext of a classic session (the only thing the
+    3.5 line accepts), the session itself under Spark Connect (4.x reads and writes it with DataFrames)."""
+    return spark if session.is_connect(spark) else spark.sparkContext
+
+
+__all__ = ["TorchParamsWriter", "TorchParamsReader", "dumps", "loads"]
 
 
 class TorchPersistence(MLWritable, MLReadable):

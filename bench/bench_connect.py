@@ -1,0 +1,98 @@
+"""Launch through Spark Connect: spark_dist vs PySpark's TorchDistributor through the same server, same run.
+
+A Connect server (tests/connect_server.py) drives a 2-worker standalone cluster on loopback; this process is
+a plain Connect client (``SparkSession.builder.remote``, no JVM here). Trivial job: 2 ranks, one gloo
+all-reduce of 10 floats. Reports each launcher's first run and the median of its warm runs, and their
+ratio (goal: >= 10x). ``make bench-connect``; on the 3.5 line, which has no Connect server, it says so.
+"""
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+from _cluster import median  # also puts tests/ on sys.path and sets SPARK_LOCAL_IP
+
+from bench_launch import timed
+from clusters import StandaloneCluster, connect_available, install_gpu_script
+
+
+def allreduce_ten_floats():  # defined here: __main__ is pickled by value, a module on this path is not
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return float(t[0])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--warm-runs", type=int, default=5)
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args()
+    reason = connect_available()
+    if reason:
+        print(f"skipped: {reason}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"skipped": reason}, f)
+        return
+
+    from pyspark.sql import SparkSession
+
+    from connect_server import ConnectServer
+
+    figures = {}
+    with tempfile.TemporaryDirectory(prefix="spark_dist-bench-") as tmp:
+        cluster = StandaloneCluster(tmp, install_gpu_script(tmp)).start()
+        server = None
+        try:
+            server = ConnectServer(tmp, cluster.master_url, conf={"spark.cores.max": "2"}).start()
+            spark = SparkSession.builder.remote(server.url).getOrCreate()  # as a user's notebook does
+
+            def bare():
+                def one(batches):
+                    yield from batches
+                return spark.range(0, 2, 1, 2).mapInArrow(one, "id long", barrier=True).count()
+
+            seconds, _ = timed(bare, args.warm_runs + 1)  # also waits the executors in
+            figures["bare barrier mapInArrow stage"] = {"first": seconds[0], "warm_median": median(seconds[1:])}
+            from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
+
+            from spark_dist import Distributor
+
+            ours = Distributor(num_processes=2, verbose=False)
+            seconds, results = timed(lambda: ours.run(allreduce_ten_floats), args.warm_runs + 1)
+            assert all(r == 2.0 for r in results), results
+            figures["spark_dist Distributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
+                                                 "warm_runs": seconds[1:]}
+            theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+            seconds, results = timed(lambda: theirs.run(allreduce_ten_floats), args.warm_runs + 1)
+            assert all(r == 2.0 for r in results), results
+            figures["PySpark TorchDistributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
+                                                   "warm_runs": seconds[1:]}
+            spark.stop()
+        finally:
+            if server is not None:
+                server.stop()
+            cluster.stop()
+
+    ours, theirs = figures["spark_dist Distributor"], figures["PySpark TorchDistributor"]
+    ratios = {"first": theirs["first"] / ours["first"], "warm_median": theirs["warm_median"] / ours["warm_median"]}
+    print("| launcher (through Spark Connect) | first run (s) | warm median (s) |\n|---|---|---|")
+    for name, f in figures.items():
+        print(f"| {name} | {f['first']:.2f} | {f['warm_median']:.3f} |")
+    print(f"| TorchDistributor / spark_dist | {ratios['first']:.1f}x | {ratios['warm_median']:.1f}x |")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"figures": figures, "ratios": ratios, "machine": platform.platform(),
+                       "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
