@@ -10,7 +10,7 @@ relaunches the attempt on another port (not counted as a retry).
 
 What comes back: every task's records (rank 0's result chunks, each task's status) and, from the first task,
 what its coordinator saw (:class:`Watched`: the reports and failures, for :func:`~spark_dist.outcome.outcome_of`).
-The ranks' ``ctx.report`` records reach the client with it, at the end of the attempt: Connect has no channel
+The ranks' ``ctx.report`` records and printed lines reach the client with it, at the end of the attempt: Connect has no channel
 from executors to the client while a job runs. A host that went silent would keep the job from ending, so
 the first task then fails the stage on purpose, carrying what it saw in its error (:data:`VERDICT`).
 """
@@ -18,20 +18,25 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import errno
 import functools
+import hashlib
+import hmac
 import os
 import pickle
 import random
 import re
+import sys
 import threading
 import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional
 
+from . import output
 from .config import RunConfig
 from .outcome import JobError, Outcome, Seen, outcome_of
-from .protocol import LaunchSpec
+from .protocol import ABORT, Abort, LaunchSpec, TaskOutcome, TaskStatus
 from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
 
 VERDICT = "spark_dist-verdict"  # brackets what the first task saw, in the error that fails the stage
@@ -46,6 +51,7 @@ class Watched:
 
     seen: Seen
     reports: tuple
+    output: tuple = ()  # (rank, stream, line) the ranks printed, in order per rank
 
 
 class ConnectAttempt:
@@ -64,16 +70,20 @@ class ConnectAttempt:
 
     def run(self) -> Outcome:
         draw = random.SystemRandom()
+        started = time.monotonic()
         for _ in range(_PORT_ATTEMPTS):
             spec = dataclasses.replace(self.spec, store_port=draw.randrange(*STORE_PORTS))
-            records, error, timed_out = self._job(spec)
+            time_left = None if self.time_left is None else self.time_left - (time.monotonic() - started)
+            records, error, timed_out = self._job(spec, time_left)
             if error is None or PORT_TAKEN not in str(error):
-                return self._outcome(records, error, timed_out)
+                break
         return self._outcome(records, error, timed_out)
 
-    def _job(self, spec: LaunchSpec):
+    def _job(self, spec: LaunchSpec, time_left: Optional[float]):
         n = self.config.num_processes
-        task = functools.partial(run_connect_partition, spec, self.config, self.time_left)
+        # The tasks need the run's settings, not the session's whole conf (which may hold credentials).
+        config = dataclasses.replace(self.config, spark_conf={})
+        task = functools.partial(run_connect_partition, spec, config, time_left)
         frame = self.spark.range(0, n, 1, n).mapInArrow(task, "record binary", barrier=True)
         rows: List[Any] = []
         errors: List[BaseException] = []
@@ -93,7 +103,7 @@ class ConnectAttempt:
         thread.start()
         # The first task enforces the timeout itself (and dumps the ranks' stacks); the client interrupts
         # only if the job outlives it by the abort grace and a margin for the stage's end.
-        limit = None if self.time_left is None else self.time_left + self.config.abort_grace_period + 30
+        limit = None if time_left is None else max(time_left, 0.0) + self.config.abort_grace_period + 30
         timed_out = False
         try:
             if not done.wait(limit):
@@ -110,7 +120,7 @@ class ConnectAttempt:
     def _outcome(self, records, error: Optional[BaseException], timed_out: bool) -> Outcome:
         watched = next((r for r in records if isinstance(r, Watched)), None)
         if watched is None and error is not None:
-            watched = verdict_in(str(error))
+            watched = verdict_in(str(error), self.spec.secret)
             error = None if watched is not None else error
         if watched is None:
             seen = Seen(driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
@@ -120,15 +130,30 @@ class ConnectAttempt:
             seen = watched.seen
             for report in watched.reports:
                 self.owner._on_report(report)
+            show = output.printer(self.owner.log_ranks)
+            for line in watched.output if show is not None else ():
+                show(*line)
         job_error = None if error is None else JobError(type(error).__name__, str(error))
         return outcome_of(dataclasses.replace(
             seen, records=tuple(r for r in records if not isinstance(r, Watched)), job_error=job_error))
 
 
-def verdict_in(text: str) -> Optional[Watched]:
-    """What the first task saw, from the error with which it failed the stage on purpose (or ``None``)."""
-    found = re.search(re.escape(VERDICT) + r"<([A-Za-z0-9+/=]+)>", text)
-    return pickle.loads(zlib.decompress(base64.b64decode(found.group(1)))) if found else None
+def verdict(watched: Watched, secret: bytes) -> str:
+    """``watched`` as text for an error message, signed with the attempt's secret like every store value."""
+    payload = base64.b64encode(zlib.compress(pickle.dumps(watched))).decode()
+    return f"{VERDICT}<{payload}.{hmac.new(secret, payload.encode(), hashlib.sha256).hexdigest()}>"
+
+
+def verdict_in(text: str, secret: bytes) -> Optional[Watched]:
+    """What the first task saw, from the error with which it failed the stage on purpose (``None`` when the
+    text holds none, or one not signed with ``secret``: it is never unpickled then)."""
+    found = re.search(re.escape(VERDICT) + r"<([A-Za-z0-9+/=]+)\.([0-9a-f]{64})>", text)
+    if not found:
+        return None
+    expected = hmac.new(secret, found.group(1).encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, found.group(2)):
+        return None
+    return pickle.loads(zlib.decompress(base64.b64decode(found.group(1))))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -154,11 +179,20 @@ def run_connect_partition(spec: LaunchSpec, config: RunConfig, time_left: Option
     gpus = tuple(task_gpu_addresses(context)) if spec.use_gpu else ()
     task = TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor)
     if index == 0:
-        records = _serve_with_coordinator(spec, config, time_left, task, lambda: serve_rank(spec, task, fork_child))
+        records = _serve_with_coordinator(spec, config, time_left, task,
+                                          lambda: serve_rank(spec, task, fork_child, in_executor=True))
     else:
-        records = list(serve_rank(spec, task, fork_child))
+        try:
+            records = list(serve_rank(spec, task, fork_child, in_executor=True))
+        except Exception as exc:  # noqa: BLE001 -- the first task's store unreachable from here
+            # Failing the stage would throw away what the first task saw (it names the tasks that never came
+            # as the rendezvous timeout); end this task and let its verdict speak.
+            sys.stderr.write(f"spark_dist: task {index} could not serve its rank through the store at "
+                             f"{spec.store_host}:{spec.store_port}: {exc!r}\n")
+            records = [TaskStatus(index, TaskOutcome.ABORTED)]
+    # large_binary: rank 0's result may pass 2 GiB (maxResultSize permitting); binary's offsets are 32-bit.
     yield pa.RecordBatch.from_pydict({"record": [pickle.dumps(r) for r in records]},
-                                     schema=pa.schema([("record", pa.binary())]))
+                                     schema=pa.schema([("record", pa.large_binary())]))
 
 
 def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Optional[float], task: TaskInfo,
@@ -169,29 +203,49 @@ def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Opti
     try:
         listener = bind_listener(spec.store_host, spec.store_port)
     except OSError as exc:
-        raise RuntimeError(f"{PORT_TAKEN}: port {spec.store_port} on {spec.store_host}: {exc}") from None
+        if exc.errno == errno.EADDRINUSE:  # the client relaunches on another port
+            raise RuntimeError(f"{PORT_TAKEN}: port {spec.store_port} on {spec.store_host}: {exc}") from None
+        raise RuntimeError(f"spark_dist: the first task cannot listen on {spec.store_host} (its executor's "
+                           f"address as Spark knows it): {exc}") from exc
     server, _ = host_store(spec.store_host, spec.rendezvous_timeout, listener)
     store = SignedStore(server, spec.secret, spec.prefix)
     backend = get_backend(config.backend)
     reports: List[dict] = []
+    lines: List[tuple] = []
     give_up = threading.Event()
     deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
     config = dataclasses.replace(config, driver_host=spec.store_host)
     coordinator = Coordinator(store, config, spec, backend, job_ended=lambda: False, cancel=give_up.set,
-                              on_report=reports.append, deadline=deadline, host=spec.store_host)
+                              on_report=reports.append, deadline=deadline, host=spec.store_host,
+                              on_output=lambda *line: lines.append(line))
     coordinator.job_ended = lambda: give_up.is_set() or coordinator.all_ranks_ended()
-    watcher = threading.Thread(target=coordinator.watch, args=(lambda s: give_up.wait(s),), daemon=True,
-                               name="spark_dist-coordinator")
+    crashed: List[BaseException] = []
+
+    def watch():
+        try:
+            coordinator.watch(give_up.wait)
+        except BaseException as exc:  # noqa: BLE001 -- e.g. the backend cannot start here: stop every rank
+            crashed.append(exc)
+            give_up.set()
+            try:
+                store.put(ABORT, Abort.CANCELLED)
+            except Exception:  # noqa: BLE001
+                pass
+
+    watcher = threading.Thread(target=watch, daemon=True, name="spark_dist-coordinator")
     watcher.start()
     try:
         records = list(serve())
         watcher.join()
+        if crashed:  # the stage fails with the real cause
+            raise RuntimeError(f"spark_dist: the run's coordinator failed in the first task: {crashed[0]!r}") \
+                from crashed[0]
         coordinator.drain_reports(final=True)
-        watched = Watched(coordinator.seen(), tuple(reports))
+        coordinator.drain_output()
+        watched = Watched(coordinator.seen(), tuple(reports), tuple(lines))
     finally:
         backend.stop()
     if coordinator.lost_ranks:  # their tasks would hold the job open until Spark's own timeout: end it now
-        encoded = base64.b64encode(zlib.compress(pickle.dumps(watched))).decode()
         raise RuntimeError(f"spark_dist: ranks {[r.rank for r in coordinator.lost_ranks]} went silent; "
-                           f"{VERDICT}<{encoded}>")
+                           f"{verdict(watched, spec.secret)}")
     return records + [watched]

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 from .backends.base import torchrun_env
 from .config import RunConfig
 from .outcome import JobError, Seen
+from .output import OutputRelay
 from .protocol import (ABORT, ASSIGNMENT, BEAT_ENDED, FAILURE_SEQ, REPORT_SEQ, Abort, Assignment, LaunchSpec,
                        beat_key, failure_key, report_key, stack_key, task_key)
 from .rendezvous import RankInfo, SignedStore, TaskInfo, assign_ranks
@@ -31,16 +32,19 @@ class Coordinator:
         job_ended: whether the tasks are all done (the Spark job returned, or every rank ended).
         cancel: stops the tasks that cannot stop by themselves (a silent host's; after the abort grace).
         on_report: called with each ``ctx.report`` record, in order.
+        on_output: called with ``(rank, stream, line)`` for each line a rank printed (``None``: not fetched).
         deadline: ``time.monotonic()`` past which the run has exceeded ``timeout`` (``None``: no limit).
         host: the address the backend's own servers bind (the store's host).
     """
 
     def __init__(self, store: SignedStore, config: RunConfig, spec: LaunchSpec, backend,
                  job_ended: Callable[[], bool], cancel: Callable[[], None], on_report: Callable[[dict], None],
-                 deadline: Optional[float], host: str, bind_address: Optional[str] = None):
+                 deadline: Optional[float], host: str, bind_address: Optional[str] = None,
+                 on_output: Optional[Callable[[int, str, str], None]] = None):
         self.store, self.config, self.spec, self.backend = store, config, spec, backend
         self.job_ended, self.cancel, self.on_report = job_ended, cancel, on_report
         self.deadline, self.host, self.bind_address = deadline, host, bind_address or host
+        self.output = None if on_output is None else OutputRelay(store, on_output)
         self.reports_seen = 0
         self.empty_slot_since: Dict[int, float] = {}
         self.tasks: List[TaskInfo] = []  # TaskInfo by task index, once all tasks came
@@ -76,6 +80,7 @@ class Coordinator:
             else:
                 poll = min(poll * 1.5, 0.1)
             self.drain_reports()
+            self.drain_output()
             if assigned and abort_at is None and self._silent_hosts(now):
                 self.store.put(ABORT, Abort.HOST_LOST)
                 abort_at = now
@@ -144,6 +149,11 @@ class Coordinator:
                 return  # maybe a rank between counting and writing: look again at the next poll
             self.empty_slot_since.pop(seq, None)
             self.reports_seen = seq
+
+    def drain_output(self) -> None:
+        """Pass on the lines the ranks printed since the last call, each rank's in order."""
+        if self.output is not None and self.ranks:
+            self.output.drain([r.rank for r in self.ranks])
 
     def seen(self, records=(), job_error: Optional[BaseException] = None) -> Seen:
         """What this attempt saw, read from the store once the tasks are done."""

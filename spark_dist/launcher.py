@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from . import session
+from . import output, session
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
@@ -47,6 +47,9 @@ class Distributor:
             visible to every executor. Default: a per-run directory in the driver's temp dir.
         run_id: name of the run; give the id of an earlier run to resume from its checkpoints.
         verbose: print reports and the final summary on the driver.
+        log_ranks: which ranks' printed lines (stdout, stderr, ``logging``) appear on the driver's
+            ``sys.stdout`` / ``sys.stderr``, each prefixed ``[rank N] ``: ``"all"``, ``"rank0"`` or ``"none"``
+            (default: ``"all"`` when ``verbose``, else ``"none"``). They stay in the executor logs as well.
 
     Raises:
         ConfigError: a bad argument (raised here or by ``run`` before any Spark job), naming it.
@@ -55,11 +58,14 @@ class Distributor:
     def __init__(self, num_processes: int = 1, backend: str = "ddp", local_mode: bool = False,
                  use_gpu: bool = False, max_retries: int = 0, timeout: Optional[float] = None, *,
                  checkpoint_dir: Optional[str] = None, run_id: Optional[str] = None, verbose: bool = True,
-                 spark=None):
+                 log_ranks: Optional[str] = None, spark=None):
         self._args = dict(num_processes=num_processes, backend=backend, local_mode=local_mode, use_gpu=use_gpu,
                           max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir)
         RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
         self.verbose = verbose
+        if log_ranks is not None and log_ranks not in output.LOG_RANKS:
+            raise ConfigError(f"log_ranks must be one of {', '.join(map(repr, output.LOG_RANKS))}, got {log_ranks!r}")
+        self.log_ranks = log_ranks or ("all" if verbose else "none")
         self._spark = spark
         self.history: List[Dict[str, Any]] = []
         self.input_stats: List[Dict[str, Any]] = []  # per rank: input_wait_seconds, train_seconds, batches
@@ -101,7 +107,11 @@ class Distributor:
         if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
             from .data.cache import remote_hosts
 
-            unshared = remote_hosts(config.driver_host, session.executor_hosts(spark) or [])
+            hosts = session.executor_hosts(spark)
+            if hosts is None:  # Spark Connect: the executors' hosts are unknown, so they may be elsewhere
+                unshared = [] if session.is_local_master(spark) else ["hosts a Spark Connect client cannot see"]
+            else:
+                unshared = remote_hosts(config.driver_host, hosts)
             if unshared:
                 log.warning("spark_dist: run %s may resume from checkpoints, but the default checkpoint dir is "
                             "on each machine's own disk and executors run on other hosts (%s): a retried rank 0 "
@@ -341,13 +351,15 @@ class _Attempt:
         store = SignedStore(self._store_server, self.spec.secret, self.spec.prefix)
         coordinator = Coordinator(store, self.config, self.spec, self.backend, job_ended=self.done.is_set,
                                   cancel=self._cancel, on_report=self.owner._on_report, deadline=self.deadline,
-                                  host=self.config.driver_host, bind_address=self.config.bind_address)
+                                  host=self.config.driver_host, bind_address=self.config.bind_address,
+                                  on_output=output.printer(self.owner.log_ranks))
         try:
             coordinator.watch(self.done.wait)
             thread.join()
             if self.job_error and not store.has(ABORT):
                 store.put(ABORT, Abort.JOB_FAILED)  # supervisors still running stop their ranks
             coordinator.drain_reports(final=True)
+            coordinator.drain_output()
             seen = coordinator.seen(self.records, self.job_error[0] if self.job_error else None)
         except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
             store.put(ABORT, Abort.CANCELLED)

@@ -101,7 +101,7 @@ def _rendezvous_failure(seen: Seen) -> RankFailure:
     return RankFailure(
         None, seen.driver_host, "timeout",
         f"the ranks did not all start within spark.dist.rendezvousTimeout={seen.rendezvous_timeout:g}s "
-        f"(tasks that never reached the driver's store at {seen.driver_host}: "
+        f"(tasks that never reached the run's store at {seen.driver_host}: "
         f"{', '.join(map(str, seen.rendezvous_missing))})", time=seen.now)
 
 
@@ -151,7 +151,12 @@ def lost_task_failures(seen: Seen) -> List[RankFailure]:
     task = _BARRIER_TASK.search(text)
     failed = int(task.group(1)) if task else None
     if failed is None or failed >= len(seen.ranks):
-        return [RankFailure(None, seen.driver_host, "lost", f"its Spark task failed: {reason[:500]}", seq=1,
+        # No rank known for it (under Spark Connect the task-to-rank map is the first task's, gone with the
+        # stage): name the barrier task, and its executor when Spark does.
+        executor = re.search(r"\(executor (\S+?)[ )]", text)
+        where = f"executor {executor.group(1)}" if executor else seen.driver_host
+        which = f" (barrier task {failed})" if failed is not None else ""
+        return [RankFailure(None, where, "lost", f"its Spark task{which} failed: {reason[:500]}", seq=1,
                             time=seen.now, **details)]
     executor = seen.tasks[failed].executor if failed < len(seen.tasks) else ""
     if executor and lost and lost.group(1).startswith("ExecutorLostFailure"):

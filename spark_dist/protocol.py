@@ -1,6 +1,7 @@
 """The protocol between the driver (``launcher.py``) and its tasks (``worker.py``), in one place.
 
-One attempt speaks through the attempt's signed store (see :mod:`spark_dist.rendezvous`) under these keys:
+One attempt speaks through the attempt's signed store (see :mod:`spark_dist.rendezvous`), hosted by the driver
+(under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys:
 
 ========================  =====================  ==============================================================
 key                       written by             holds

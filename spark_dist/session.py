@@ -74,12 +74,18 @@ def task_slots(spark, conf: Optional[Dict[str, str]] = None) -> Optional[int]:
     Classic: the scheduler's count (CPU and GPU amounts both count). Spark Connect has no API for it; the
     substitute is the conf: ``local[N]`` has N slots, ``local-cluster[E,C,M]`` E*C/``spark.task.cpus``, and
     a cluster with ``spark.executor.instances`` and ``spark.executor.cores`` set has their product over
-    ``spark.task.cpus``. Otherwise (``local[*]``, dynamic allocation) it is unknown, and Spark's own barrier
-    check is the one that applies.
+    ``spark.task.cpus``, bounded by the executors' GPUs over ``spark.task.resource.gpu.amount`` when tasks take
+    GPUs. Otherwise (``local[*]``, dynamic allocation) it is unknown, and Spark's own barrier check is the one
+    that applies. The count follows the conf, not the executors alive: a retry under Connect does not wait
+    for lost executors to come back.
     """
     if not is_connect(spark):
         return jvm.max_concurrent_tasks(spark.sparkContext)
-    conf = conf_snapshot(spark) if conf is None else conf
+    return slots_from_conf(conf_snapshot(spark) if conf is None else conf)
+
+
+def slots_from_conf(conf: Dict[str, str]) -> Optional[int]:
+    """The slot count the conf tells (see :func:`task_slots`), ``None`` when it does not; a pure function."""
     name = conf.get("spark.master", "")
     task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
     if name == "local":
@@ -89,16 +95,24 @@ def task_slots(spark, conf: Optional[Dict[str, str]] = None) -> Optional[int]:
         return int(local.group(1)) // task_cpus
     cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", name)
     if cluster:
-        return int(cluster.group(1)) * int(cluster.group(2)) // task_cpus
-    instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
-    if instances and cores and conf.get("spark.dynamicAllocation.enabled", "false") != "true":
-        return int(instances) * int(cores) // task_cpus
-    return None
+        executors, cores = int(cluster.group(1)), int(cluster.group(2))
+    else:
+        instances, cores_conf = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+        if not (instances and cores_conf) or conf.get("spark.dynamicAllocation.enabled", "false") == "true":
+            return None
+        executors, cores = int(instances), int(cores_conf)
+    slots = executors * (cores // task_cpus)
+    task_gpus = float(conf.get("spark.task.resource.gpu.amount", "0") or 0)
+    if task_gpus > 0:  # each task also needs its GPUs: as many slots as the executors' GPUs allow
+        executor_gpus = float(conf.get("spark.executor.resource.gpu.amount", "0") or 0)
+        slots = min(slots, executors * int(executor_gpus // task_gpus))
+    return slots
 
 
 def executor_hosts(spark) -> Optional[List[str]]:
     """The hosts of the executors registered now (the driver's entry included); no Spark job. ``None``
-    under Spark Connect, which has no API for it (callers that must know run a job on the executors)."""
+    under Spark Connect, which has no API for it (the cache check asks the executors with a job; the
+    checkpoint warning assumes they may be elsewhere)."""
     if is_connect(spark):
         return None
     return jvm.executor_hosts(spark.sparkContext)
@@ -161,7 +175,8 @@ def file_identity(spark, url: str) -> tuple:
 
 def write_bytes(spark, path: str, data: bytes) -> None:
     """Write ``data`` as a new file at ``path`` (any scheme Spark writes); fails if it exists. Under Spark
-    Connect, where this client may not reach the file system, one task on an executor writes it."""
+    Connect, where this client may not reach the file system, one task on an executor writes it: a local
+    path with ``open(..., "x")`` (fails if it exists), another scheme through pyarrow's file system for it."""
     if not is_connect(spark):
         return jvm.write_bytes(spark.sparkContext, path, data)
 

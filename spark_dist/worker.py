@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from . import tempdirs
+from . import output, tempdirs
 from .errors import RankFailure
 from .protocol import (ABORT, ASSIGNMENT, BEAT_ENDED, FAILURE_SEQ, REPORT_SEQ, Abort, Job, LaunchSpec, ResultChunk,
                        TaskOutcome, TaskStatus, beat_key, failure_key, report_key, stack_key, task_key)
@@ -52,12 +52,14 @@ def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[tuple]:
     # The address is the executor's host:port: it tells which ranks share an executor that Spark reports lost.
     executor = task_context.getTaskInfos()[index].address
     gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
-    yield from serve_rank(spec, TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor), fork_child)
+    yield from serve_rank(spec, TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor), fork_child,
+                          in_executor=True)
 
 
-def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]:
+def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[tuple]:
     """Rendezvous, run the child, and yield its records: :class:`ResultChunk` (rank 0 only), then one
-    :class:`TaskStatus`."""
+    :class:`TaskStatus`. ``in_executor``: also pass the rank's output on to this process's own streams (the
+    executor log); in local mode the driver shows the relayed lines, and nothing else."""
     store = signed_store(spec)
     store.put(task_key(task.task_index), task)
     # The driver declares the rendezvous timeout (and names the tasks that never came); this wait is only a
@@ -72,7 +74,7 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child) -> Iterator[tuple]
     workdir = tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}")
     try:
         child = start_child(spec, rank, env, workdir)
-        outcome = _supervise(child, store, spec, rank, workdir)
+        outcome = _supervise(child, store, spec, rank, workdir, in_executor)
         if outcome is TaskOutcome.OK and rank.rank == 0:
             result = _read_file(os.path.join(workdir, "result.pkl"))
             for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
@@ -115,11 +117,11 @@ def _read_file(path: str) -> bytes:
 # --------------------------------------------------------------------------------------------------------
 class _ChildProcess:
     """A rank process: pid, a way to wait for its exit code (negative = killed by that signal), and the
-    read end of its stderr."""
+    read ends of its stdout and stderr."""
 
-    def __init__(self, pid: int, stderr_fd: int, popen: Optional[subprocess.Popen] = None):
+    def __init__(self, pid: int, stdout_fd: int, stderr_fd: int, popen: Optional[subprocess.Popen] = None):
         self.pid = pid
-        self.stderr_fd = stderr_fd
+        self.stdout_fd, self.stderr_fd = stdout_fd, stderr_fd
         self._popen = popen
 
     def wait(self) -> int:
@@ -135,53 +137,22 @@ class _ChildProcess:
             pass
 
 
-class _StderrTail(threading.Thread):
-    """Forwards the child's stderr to ours (executor log / console) and keeps its last bytes for reports."""
-
-    def __init__(self, fd: int):
-        super().__init__(daemon=True)
-        self.fd = fd
-        self.tail = bytearray()
-        self.total = 0  # bytes read so far (the tail itself is trimmed)
-
-    def run(self):
-        out = getattr(sys.stderr, "buffer", None)
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            self.tail += data
-            self.total += len(data)
-            del self.tail[:-STDERR_TAIL_BYTES]
-            try:
-                if out is not None:
-                    out.write(data)
-                    out.flush()
-            except Exception:
-                pass
-        os.close(self.fd)
-
-    def text(self) -> str:
-        return self.tail.decode("utf-8", "replace")
-
-    def since(self, total: int) -> str:
-        """What arrived after ``total`` bytes had been read (as much as the tail still holds)."""
-        new = self.total - total
-        return bytes(self.tail[-new:]).decode("utf-8", "replace") if new > 0 else ""
-
-
 _ABORT_REPORT_GRACE_S = 0.5
 
 
 def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo,
-               workdir: str) -> TaskOutcome:
+               workdir: str, in_executor: bool = True) -> TaskOutcome:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
-    report its failure."""
-    tail = _StderrTail(child.stderr_fd)
-    tail.start()
+    report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.output`)."""
+    lines = output.LineBuffer()
+    def log(stream):
+        return getattr(stream, "buffer", None) if in_executor else None
+
+    tail = output.StreamReader(child.stderr_fd, "stderr", lines, log(sys.stderr), tail_bytes=STDERR_TAIL_BYTES)
+    readers = [tail, output.StreamReader(child.stdout_fd, "stdout", lines, log(sys.stdout))]
+    for reader in readers:
+        reader.start()
+    publisher = output.Publisher(store, rank.rank, lines)
     exit_code = []
     waiter = threading.Thread(target=lambda: exit_code.append((child.wait(), time.time())), daemon=True)
     waiter.start()
@@ -195,6 +166,7 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
             if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
                 store.counter(beat_key(rank.rank))
                 next_beat = time.monotonic() + HEARTBEAT_S
+            publisher.publish()
             if waiter.is_alive() and store.has(ABORT):
                 aborted = True
                 if store.get(ABORT) == Abort.TIMEOUT:
@@ -211,12 +183,24 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
         child.kill()
         waiter.join()
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
+    for reader in readers:  # the pipes' last lines (also those printed just before a SIGKILL)
+        reader.join(timeout=2.0)
+    publisher.publish(final=True)
     try:
-        store.counter(beat_key(rank.rank), BEAT_ENDED)  # no more beats: ended, not lost
-    except Exception:  # noqa: BLE001 -- the driver's store may be gone already
-        pass
-    tail.join(timeout=2.0)
-    code, ended = exit_code[0]
+        return _conclude(store, rank, workdir, exit_code[0], aborted, tail)
+    finally:
+        # The last write: under Spark Connect the first task stops watching (and drops the store) once every
+        # rank has ended, so the failure report must be in the store before this.
+        try:
+            store.counter(beat_key(rank.rank), BEAT_ENDED)  # no more beats: ended, not lost
+        except Exception:  # noqa: BLE001 -- the driver's store may be gone already
+            pass
+
+
+def _conclude(store: SignedStore, rank: RankInfo, workdir: str, exit_code, aborted: bool,
+              tail: output.StreamReader) -> TaskOutcome:
+    """The rank's outcome from how its process ended; a failure is reported (and the run aborted) here."""
+    code, ended = exit_code
     failure_path = os.path.join(workdir, "failure.pkl")
     if code == 0 and not aborted:
         return TaskOutcome.OK
@@ -246,7 +230,7 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
 # --------------------------------------------------------------------------------------------------------
 # Starting the child
 # --------------------------------------------------------------------------------------------------------
-def _dump_stack(child: _ChildProcess, tail: _StderrTail) -> str:
+def _dump_stack(child: _ChildProcess, tail: output.StreamReader) -> str:
     """Ask the child for its Python stack (faulthandler on SIGUSR1) and return what it printed."""
     before = tail.total
     try:
@@ -290,16 +274,26 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         return spawn_child(spec, rank, env, workdir)
     sys.stdout.flush()
     sys.stderr.flush()
+    out_read, out_write = os.pipe()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
         code = 70
         try:
             os.close(read_fd)
+            os.close(out_read)
             os.setpgid(0, 0)
             _die_with_parent()
+            os.dup2(out_write, 1)
             os.dup2(write_fd, 2)
             os.close(write_fd)
+            os.close(out_write)
+            # A pipe makes Python buffer stdout by blocks: line by line, so a SIGKILL loses no printed line.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.reconfigure(line_buffering=True)
+                except (AttributeError, ValueError):  # not a TextIOWrapper here
+                    pass
             atexit._clear()  # the Python worker's exit handlers are not the rank's to run
             code = child_main(spec, rank, env, workdir)
         except BaseException:
@@ -314,7 +308,8 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
             finally:
                 os._exit(code)
     os.close(write_fd)
-    return _ChildProcess(pid, read_fd)
+    os.close(out_write)
+    return _ChildProcess(pid, out_read, read_fd)
 
 
 def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
@@ -328,11 +323,13 @@ def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: 
     python_path = os.pathsep.join(p for p in sys.path if p)
     popen = subprocess.Popen(
         [sys.executable, "-m", "spark_dist._rank_main", payload, str(os.getpid())],
-        env={**os.environ, "PYTHONPATH": python_path, **env}, stderr=subprocess.PIPE, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
-    stderr_fd = os.dup(popen.stderr.fileno())
+    stdout_fd, stderr_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
+    popen.stdout.close()
     popen.stderr.close()
-    return _ChildProcess(popen.pid, stderr_fd, popen)
+    return _ChildProcess(popen.pid, stdout_fd, stderr_fd, popen)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -169,3 +169,17 @@ def test_standalone_failures_and_retries(spark_connect_standalone, tmp_path):
 
 def test_standalone_estimator(spark_connect_standalone, tmp_path):
     test_estimator_fit_and_transform_in_a_pipeline_and_its_model_saved_and_loaded(spark_connect_standalone, tmp_path)
+
+
+def test_what_the_ranks_print_comes_back_with_the_result(spark_connect):
+    import contextlib
+    import io
+
+    from test_output import lines_of, print_lines
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert Distributor(num_processes=2, verbose=False, log_ranks="all").run(print_lines, 1000) == 0
+    for rank in (0, 1):
+        assert lines_of(out.getvalue(), rank) == [f"line {i} of rank {rank}" for i in range(1000)]
+        assert f"to stderr from rank {rank}" in lines_of(err.getvalue(), rank)

@@ -280,17 +280,22 @@ def test_a_file_cache_is_refused_when_executors_are_on_other_hosts():
 
 
 # -- the cache: one materialisation per DataFrame, and it goes away --------------------------------------------
-def test_the_same_dataframe_is_materialised_once(spark_local, monkeypatch):
-    from petastorm.spark import spark_dataset_converter as psc
+def cache_dirs(spark):
+    """The cache directories written so far under this session's cache parent directory."""
+    from spark_dist.data.handle import local_path
+    from spark_dist.data.location import _parent_url
 
-    writes = []
-    real = psc._materialize_df
-    monkeypatch.setattr(psc, "_materialize_df", lambda *a, **k: writes.append(1) or real(*a, **k))
+    parent = local_path(_parent_url(spark))
+    return {d for d in os.listdir(parent) if "-appid-" in d}
+
+
+def test_the_same_dataframe_is_materialised_once(spark_local):
+    before = cache_dirs(spark_local)
     df = spark_local.range(100).select("id", F.array("id", "id").alias("a"))
 
     first = prepare_datasets(spark_local, {"train": df}, num_ranks=2)["train"]
     again = prepare_datasets(spark_local, {"train": df, "same": df}, num_ranks=2)
-    assert len(writes) == 1
+    assert len(cache_dirs(spark_local) - before) == 1  # one write
     assert again["train"] == first and again["same"].file_urls == first.file_urls
     assert again["same"].name == "same"
 
@@ -431,12 +436,8 @@ def test_doubles_with_dots_in_their_names_are_stored_as_float32(spark_local):
     assert batch["a.b"].dtype == torch.float32 and batch["x`y"].shape == (4, 1)
 
 
-def test_two_threads_preparing_one_dataframe_write_it_once(spark_local, monkeypatch):
-    from petastorm.spark import spark_dataset_converter as psc
-
-    writes = []
-    real = psc._materialize_df
-    monkeypatch.setattr(psc, "_materialize_df", lambda *a, **k: writes.append(1) or real(*a, **k))
+def test_two_threads_preparing_one_dataframe_write_it_once(spark_local):
+    before = cache_dirs(spark_local)
     df = spark_local.range(0, 500, numPartitions=2).select("id", (F.col("id") * 2).alias("twice"))
     got = {}
     threads = [threading.Thread(target=lambda i=i: got.update({i: prepare_datasets(spark_local, {"d": df}, 2)["d"]}))
@@ -445,7 +446,8 @@ def test_two_threads_preparing_one_dataframe_write_it_once(spark_local, monkeypa
         t.start()
     for t in threads:
         t.join()
-    assert len(writes) == 1 and got[0].file_urls == got[1].file_urls == got[2].file_urls
+    assert len(cache_dirs(spark_local) - before) == 1
+    assert got[0].file_urls == got[1].file_urls == got[2].file_urls
 
 
 def test_a_handle_whose_cache_was_deleted_is_refused(spark_local):

@@ -212,7 +212,7 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
     started = time.monotonic()
     try:
         with pytest.raises(TrainingFailedError, match=r"did not all start within spark\.dist\.rendezvousTimeout=1s "
-                                                      r"\(tasks that never reached the driver's store at .*: 1\)"):
+                                                      r"\(tasks that never reached the run's store at .*: 1\)"):
             Distributor(num_processes=2, local_mode=True, verbose=False, spark=spark_local).run(os.getpid)
     finally:
         spark_local.conf.unset("spark.dist.rendezvousTimeout")

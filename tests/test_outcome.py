@@ -97,6 +97,9 @@ def test_a_run_that_finished_returns_rank_0s_result(case, what, expected):
     ("a rank's own exception leads over the job failure it caused",
      dict(job_error=LOST_EXECUTOR, failures=(raised(3),)), [(3, "exception")], False),
     ("a job failure naming no task", dict(job_error=NO_TASK), [(None, "lost")], False),
+    # Under Spark Connect a failed stage takes the task-to-rank map (the first task's) with it.
+    ("a lost executor with no rank map names the barrier task", dict(job_error=LOST_EXECUTOR, tasks=(), ranks=()),
+     [(None, "lost")], False),
     ("no result, no report, no job error", dict(records=(TaskStatus(0, TaskOutcome.ABORTED),)), [(None, "lost")],
      False),
 ])
@@ -113,9 +116,11 @@ def test_the_messages_say_what_happened():
     [missing] = outcome_of(seen(job_error=NO_MODULE)).failures
     assert missing.rank == 0 and "ModuleNotFoundError: No module named 'spark_dist'" in missing.message
     assert "set PYSPARK_PYTHON" in missing.message
+    [unmapped] = outcome_of(seen(job_error=LOST_EXECUTOR, tasks=(), ranks=())).failures
+    assert unmapped.host == "executor 0" and unmapped.message.startswith("its Spark task (barrier task 2) failed")
     [rendezvous] = outcome_of(seen(rendezvous_missing=(1, 3), ranks=(), tasks=())).failures
     assert rendezvous.message == ("the ranks did not all start within spark.dist.rendezvousTimeout=300s (tasks that "
-                                  "never reached the driver's store at d: 1, 3)")
+                                  "never reached the run's store at d: 1, 3)")
     silent = outcome_of(seen(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2,))).failures[0]
     assert silent.host == "h2" and "no heartbeat from its ranks for 10s (spark.dist.hostLostTimeout)" in silent.message
 

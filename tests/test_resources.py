@@ -4,7 +4,8 @@ import os
 import pytest
 
 from spark_dist import ConfigError, Distributor, get_context
-from spark_dist.resources import cluster_task_slots, visible_devices
+from spark_dist.resources import visible_devices
+from spark_dist.session import task_slots
 
 
 def gpu_view():
@@ -29,7 +30,7 @@ def test_each_rank_sees_its_own_gpu_at_cuda_local_rank(spark_local_cluster):
 
 
 def test_gpu_slots_bound_the_number_of_ranks(spark_local_cluster):
-    assert cluster_task_slots(spark_local_cluster.sparkContext) == 2
+    assert task_slots(spark_local_cluster) == 2
     spark_local_cluster.conf.set("spark.dist.slotWaitTimeout", "1")
     try:
         with pytest.raises(ConfigError, match="num_processes=3 but the cluster has 2 GPU task slots"):

@@ -1,4 +1,4 @@
-"""The driver side: check each DataFrame, materialise it once through Petastorm's converter, clean up after.
+"""The driver side: check each DataFrame, materialise it once as a Petastorm-format cache, clean up after.
 
 :func:`prepare_datasets` runs the steps, in the order data flows: the schema (:mod:`.schema`, no Spark job),
 where the cache goes and whether executors reach it (:mod:`.location`), the cache already made of the same
@@ -21,7 +21,8 @@ from .write import _materialise
 
 def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
                      value_ranges: Iterable[str] = ()) -> Dict[str, DatasetHandle]:
-    """Materialise each DataFrame once as a Petastorm cache and describe it for the ranks.
+    """Materialise each DataFrame once as a Petastorm-format cache (a plain DataFrame write, so it also runs
+    under Spark Connect) and describe it for the ranks.
 
     All schemas are checked before any Spark job. Each new DataFrame then costs one Spark job: the write,
     which also measures the values it checks (``DataFrame.observe``), so a bad value is refused before any

@@ -117,7 +117,15 @@ def _check_reachable(spark, parent_url: str) -> None:
     hosts, blind = session.executor_hosts(spark), None
     counted = hosts is not None  # the driver's entry included
     if not counted:  # Spark Connect has no API for the executors' hosts: the marker job tells them too
-        seen = _marker_seen(spark, local_path(parent_url), tasks=4)
+        if (app_id, parent_url) in _seen_by_executors:
+            return
+        try:
+            seen = _marker_seen(spark, local_path(parent_url), tasks=4)
+        except OSError as exc:  # the directory is the cluster's, not this client's: the executors decide
+            logger.warning("spark_dist: cannot check from this Spark Connect client that every executor sees "
+                           "the dataset cache %s (%s); on a multi-host cluster it must be a shared mount",
+                           parent_url, exc)
+            return
         hosts, blind = sorted({host for host, _ in seen}), sorted({host for host, found in seen if not found})
     far = remote_hosts(driver_host, hosts)
     if far and not spark.conf.get(CACHE_DIR_CONF, None):

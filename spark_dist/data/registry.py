@@ -65,8 +65,11 @@ def _input_files(spark, df) -> tuple:
             try:
                 info = os.stat(path)
                 identity.append((url, info.st_size, info.st_mtime_ns))
-            except OSError:  # gone already: the write will say so; no cache can match it meanwhile
-                identity.append((url, -1, -1))
+            except OSError:
+                if session.is_connect(spark):  # the file may be on the server's side only: ask Spark
+                    identity.append((url, *session.file_identity(spark, url)))
+                else:  # gone already: the write will say so; no cache can match it meanwhile
+                    identity.append((url, -1, -1))
         else:
             identity.append((url, *session.file_identity(spark, url)))
     return tuple(identity)
@@ -155,9 +158,34 @@ def _delete(entry: _Entry) -> None:
     if not entry.owned:
         return
     try:
-        entry.converter.delete()  # also drops it from Petastorm's own list, so Petastorm will not reuse it
+        url = entry.converter.cache_dir_url
+        directory = local_path(url)
+        if session.is_connect(entry.df.sparkSession) and (directory is None or not os.path.isdir(directory)):
+            _delete_on_executor(entry.df.sparkSession, url)  # the cluster's file system, not this client's
+        else:
+            entry.converter.delete()  # also drops it from Petastorm's own list, so Petastorm will not reuse it
     except Exception as exc:  # noqa: BLE001 -- cleanup is best effort; say what is left behind
         logger.warning("spark_dist: could not delete the dataset cache %s: %r", entry.converter.cache_dir_url, exc)
+
+
+def _delete_on_executor(spark, url: str) -> None:
+    """Delete the cache directory ``url`` from one executor task (under Spark Connect with a remote driver)."""
+    def delete(_index):
+        import shutil as _shutil
+
+        from pyarrow import fs as pafs
+
+        from .handle import local_path as _local_path, readable_url
+
+        local = _local_path(url)
+        if local is not None:
+            _shutil.rmtree(local, ignore_errors=True)
+        else:
+            filesystem, path = pafs.FileSystem.from_uri(readable_url(url))
+            filesystem.delete_dir(path)
+        return []
+
+    session.run_on_executors(spark, 1, delete)
 
 
 def clear_cache(spark=None) -> int:

@@ -9,8 +9,12 @@ A saved stage is a directory:
   written by ``torch.save`` with cloudpickle as the pickler: the module object with its weights, and the
   classes of modules that executors could not import (a notebook, a file beside it) by value.
 
-Both files go through Hadoop's FileSystem API, so any path Spark can write (``file:``, ``hdfs:``, ``s3a:``)
-works, and ``Pipeline`` / ``PipelineModel`` save their stages here unchanged.
+On a classic session both files go through Hadoop's FileSystem API, so any path Spark can write (``file:``,
+``hdfs:``, ``s3a:``) works, and ``Pipeline`` / ``PipelineModel`` save their stages here unchanged. Under
+Spark Connect the metadata goes through the session's DataFrames (as pyspark.ml's own), and ``torch.pt`` is
+written by one executor task (local paths and ``file:``, or pyarrow's file systems for other schemes: its
+own credentials, not ``fs.s3a.*``) and read back through Spark's ``binaryFile`` source; both travel inside
+one gRPC message, so a model over Connect's 128 MiB message limit cannot be saved or loaded that way.
 """
 from __future__ import annotations
 
