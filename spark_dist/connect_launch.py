@@ -90,13 +90,21 @@ class ConnectAttempt:
         done = threading.Event()
 
         def collect():
+            from .launcher import job_description
+
             self.spark.addTag(self.tag)  # tags belong to the thread that starts the operation
             try:
+                # What the Spark UI shows for the job (a session-wide setting under Connect: unset after).
+                self.spark.conf.set("spark.job.description", job_description(self.config, spec.attempt))
                 rows.extend(frame.collect())
             except BaseException as exc:  # a lost executor, a failed stage, an interrupt
                 errors.append(exc)
             finally:
                 self.spark.removeTag(self.tag)
+                try:
+                    self.spark.conf.unset("spark.job.description")
+                except Exception:  # noqa: BLE001 -- the session may be gone
+                    pass
                 done.set()
 
         thread = threading.Thread(target=collect, name=self.tag, daemon=True)

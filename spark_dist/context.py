@@ -9,6 +9,8 @@ from typing import Any, Dict, Optional
 _current: Optional["TrainContext"] = None
 
 CHECKPOINT_FILE = "checkpoint.pt"
+PROGRESS_KEY = "_progress"  # a report holding (epoch, step, steps) of rank 0's loader: the driver's bar
+PROGRESS_EVERY_S = 0.25
 
 
 @dataclass
@@ -58,14 +60,27 @@ class TrainContext:
                              batch_size=batch_size, epoch=epoch, shuffle=shuffle, seed=seed,
                              columns=columns, drop_last=drop_last, device=self.device if self.use_gpu else None,
                              dtypes=dtypes)
+        if self.rank == 0 and self._reporter is not None:  # the driver's progress bar follows rank 0's loader
+            loader.on_progress = self._progress
         self.loaders.append(loader)
         return loader
+
+    def _progress(self, epoch: int, step: int, steps: int) -> None:
+        """Tell the driver where rank 0's loader is: at most every PROGRESS_EVERY_S, and each epoch's end."""
+        now = time.monotonic()
+        if step < steps and now - self._progress_sent < PROGRESS_EVERY_S:
+            return
+        self._progress_sent = now
+        self._reporter({"rank": self.rank, "attempt": self.attempt, "time": time.time(),
+                        PROGRESS_KEY: (epoch, step, steps)})
+
+    _progress_sent = 0.0
 
     # -- metrics ----------------------------------------------------------------------------------------
     def report(self, **metrics) -> None:
         """Send metrics to the driver: printed there and kept in the run's history (any rank may report)."""
         if self._reporter is not None:
-            self._reporter({"rank": self.rank, "time": time.time(), **metrics})
+            self._reporter({"rank": self.rank, "attempt": self.attempt, "time": time.time(), **metrics})
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def _checkpoint_path(self) -> str:

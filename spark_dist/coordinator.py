@@ -54,6 +54,7 @@ class Coordinator:
         self.next_beat_check = 0.0
         self.lost_ranks: List[RankInfo] = []  # the ranks on a host that went silent
         self.timed_out = False
+        self.cancelled = False  # whether this coordinator cancelled the job itself
 
     def watch(self, poll_until: Callable[[float], bool]) -> None:
         """Assign ranks, relay reports, enforce abort and timeout until ``job_ended()``.
@@ -84,7 +85,7 @@ class Coordinator:
             if assigned and abort_at is None and self._silent_hosts(now):
                 self.store.put(ABORT, Abort.HOST_LOST)
                 abort_at = now
-                cancelled = True  # the silent host's tasks cannot stop by themselves: no grace
+                cancelled = self.cancelled = True  # the silent host's tasks cannot stop by themselves: no grace
                 self.cancel()
             if abort_at is None and self.store.has(ABORT):
                 abort_at = now
@@ -92,7 +93,7 @@ class Coordinator:
                 self.store.put(ABORT, Abort.TIMEOUT)
                 abort_at, self.timed_out = now, True
             if abort_at is not None and not cancelled and now - abort_at > self.config.abort_grace_period:
-                cancelled = True
+                cancelled = self.cancelled = True
                 self.cancel()
 
     def all_ranks_ended(self) -> bool:
@@ -167,5 +168,5 @@ class Coordinator:
             host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout, now=time.time(),
             tasks=tuple(self.tasks), ranks=tuple(self.ranks), failures=failures, stacks=stacks,
             records=tuple(records), timed_out=self.timed_out, lost_ranks=tuple(r.rank for r in self.lost_ranks),
-            rendezvous_missing=tuple(self.rendezvous_missing),
+            rendezvous_missing=tuple(self.rendezvous_missing), cancelled_here=self.cancelled,
             job_error=None if job_error is None else JobError(type(job_error).__name__, str(job_error)))

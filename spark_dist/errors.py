@@ -54,7 +54,8 @@ class RankFailure:
     """What one rank reported when it failed.
 
     ``kind`` is ``"exception"`` (the function raised), ``"signal"`` (the rank process was killed),
-    ``"exit"`` (a script exited non-zero), ``"timeout"`` or ``"lost"`` (its Spark task or executor went away).
+    ``"exit"`` (a script exited non-zero), ``"timeout"``, ``"lost"`` (its Spark task or executor went away) or
+    ``"cancelled"`` (someone cancelled the run's Spark job).
     """
 
     rank: Optional[int]
@@ -110,7 +111,7 @@ class RankFailure:
             return f"{who} on host {self.host} {state} ({self.message}){': at ' + where if where else ''}"
         if self.kind == "exit":
             return f"{who} on host {self.host} exited with code {self.exit_code}: {self.message}"
-        if self.exc_type and self.kind != "lost":  # a lost task's exc_type is Spark's, not the rank's
+        if self.exc_type and self.kind not in ("lost", "cancelled"):  # a lost task's exc_type is Spark's, not the rank's
             return f"{who} on host {self.host} raised {self.exc_type}: {self.message}"
         return f"{who} on host {self.host}: {self.message}"
 

@@ -20,6 +20,7 @@ from . import output, session
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
+from .context import PROGRESS_KEY
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
 from .connect_launch import ConnectAttempt
@@ -63,6 +64,7 @@ class Distributor:
                           max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir)
         RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
         self.verbose = verbose
+        self._bar = output.ProgressBar()
         if log_ranks is not None and log_ranks not in output.LOG_RANKS:
             raise ConfigError(f"log_ranks must be one of {', '.join(map(repr, output.LOG_RANKS))}, got {log_ranks!r}")
         self.log_ranks = log_ranks or ("all" if verbose else "none")
@@ -120,6 +122,7 @@ class Distributor:
                             ", ".join(unshared))
         self.history, self.input_stats = [], []
         self.last_run_id = config.run_id
+        self._bar = output.ProgressBar()
         started = time.monotonic()
         failures_seen: List[RankFailure] = []
         for attempt in range(config.max_retries + 1):
@@ -139,6 +142,7 @@ class Distributor:
                     shutil.rmtree(checkpoint_dir, ignore_errors=True)  # our per-run default: done with it
                 return result
             previous, failures_seen = failures_seen, outcome.failures
+            self._bar.close()
             if outcome.timed_out:
                 raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
             if attempt < config.max_retries and worth_retrying(failures_seen, config.num_processes, previous):
@@ -192,17 +196,31 @@ class Distributor:
         if "input_wait_seconds" in record:  # the rank's input statistics, shown in the summary
             self.input_stats.append(record)
             return
+        if PROGRESS_KEY in record:  # where rank 0's loader is: the bar only, not history
+            if self.verbose:
+                self._bar.advance(*record[PROGRESS_KEY])
+            return
         self.history.append(record)
         if self.verbose:
-            shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("rank", "time"))
+            metrics = {k: v for k, v in record.items() if k not in _RECORD_KEYS}
+            if record.get("rank") == 0:
+                self._bar.show_metrics(metrics)
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
             print(f"[spark_dist rank {record.get('rank')}] {shown}", flush=True)
 
+    def history_frame(self):
+        """The last run's ``ctx.report`` records as a pandas DataFrame, one row per report in the order they
+        arrived: ``rank``, ``attempt``, ``time`` (a timestamp) and one column per metric, ready to plot
+        (``d.history_frame().query("rank == 0").plot(x="epoch", y="loss")``)."""
+        return history_frame(self.history)
+
     def _summary(self, config: RunConfig, attempt: int, seconds: float) -> None:
+        self._bar.close()
         if not self.verbose:
             return
         last = next((r for r in reversed(self.history) if r.get("rank") == 0), None)
         tail = "" if last is None else "; last report: " + " ".join(
-            f"{k}={_fmt(v)}" for k, v in last.items() if k not in ("rank", "time"))
+            f"{k}={_fmt(v)}" for k, v in last.items() if k not in _RECORD_KEYS)
         where = "local processes" if config.local_mode else "Spark barrier tasks"
         retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
         print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
@@ -220,6 +238,12 @@ def _spark_conf(spark) -> Dict[str, str]:
     from . import config as keys
 
     return session.conf_snapshot(spark, keys.RUNTIME_KEYS)
+
+
+def job_description(config: RunConfig, attempt: int) -> str:
+    """What the Spark UI shows for a run's job: run id, attempt, backend and ranks."""
+    return (f"spark_dist run {config.run_id} attempt {attempt}: {config.num_processes} ranks, {config.backend}"
+            f"{', GPU' if config.use_gpu else ''}")
 
 
 def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
@@ -244,6 +268,19 @@ def _kept(handles: Dict[str, Any]):
     from .data.cache import in_use
 
     return in_use(handles.values())
+
+
+_RECORD_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
+
+
+def history_frame(records: List[Dict[str, Any]]):
+    """``records`` (reports or per-epoch history) as a pandas DataFrame; ``time`` as timestamps."""
+    import pandas as pd
+
+    frame = pd.DataFrame.from_records(list(records))
+    if "time" in frame.columns:
+        frame["time"] = pd.to_datetime(frame["time"], unit="s")
+    return frame
 
 
 def _fmt(value) -> str:
@@ -383,7 +420,7 @@ class _Attempt:
                 self._run_local()
             else:
                 sc = self.spark.sparkContext
-                sc.setJobGroup(self.group, f"spark_dist run {self.config.run_id} attempt {self.attempt}", True)
+                sc.setJobGroup(self.group, job_description(self.config, self.attempt), True)
                 n = self.config.num_processes
                 rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
                     functools.partial(run_barrier_partition, self.spec))

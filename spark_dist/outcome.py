@@ -45,6 +45,7 @@ class Seen:
     lost_ranks: Tuple[int, ...] = ()              # ranks on hosts whose heartbeats lapsed
     rendezvous_missing: Tuple[int, ...] = ()      # tasks that never reached the store in time
     job_error: Optional[JobError] = None
+    cancelled_here: bool = False                  # spark_dist itself cancelled the job (abort grace, lost host)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,13 @@ def outcome_of(seen: Seen) -> Outcome:
     if seen.rendezvous_missing:
         return Outcome(failures=[_rendezvous_failure(seen)])
     failures = list(seen.failures)
+    if seen.job_error is not None and not seen.cancelled_here and _CANCELLED.search(seen.job_error.text):
+        # Someone cancelled the run's job (the Spark UI's kill link, its job group or tag): not a failure
+        # to retry. What the ranks reported as they were stopped follows.
+        return Outcome(failures=[RankFailure(
+            None, seen.driver_host, "cancelled", "the run's Spark job was cancelled (from the Spark UI, or by "
+            "its job group or tag)", exc_type=seen.job_error.type_name, seq=1, time=seen.now)]
+            + _after(failures, 1))
     if seen.job_error is not None and all(f.secondary for f in failures):
         # A rank whose worker died reports nothing itself; its peers only saw the connection drop.
         lost = lost_task_failures(seen)
@@ -123,6 +131,8 @@ def _statuses(records) -> str:
     return ", ".join(f"task {r.task_index} {r.outcome.value}" for r in records if hasattr(r, "outcome"))
 
 
+_CANCELLED = re.compile(r"cancelled part of cancelled job group|cancelled as part of cancellation|"
+                        r"OPERATION_CANCELED|killed via the Web UI|Job \d+ cancelled", re.IGNORECASE)
 _PYTHON_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ")
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _LOST = re.compile(r"(Python worker exited unexpectedly[^\n]*|ExecutorLostFailure[^\n]*)")
@@ -179,9 +189,10 @@ def _digits_masked(message: str) -> str:
 
 def worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
     """Retry a lost task, a killed process, or an exception on some ranks; not an exception that every rank
-    raised alike, nor the same root-cause exception as the attempt before: a bug in the code fails again."""
+    raised alike, nor the same root-cause exception as the attempt before (a bug in the code fails again),
+    nor a job someone cancelled."""
     raised = [f for f in failures if f.kind == "exception" and not f.secondary]
-    if any(f.exc_type in DETERMINISTIC for f in raised):
+    if any(f.exc_type in DETERMINISTIC for f in raised) or any(f.kind == "cancelled" for f in failures):
         return False
     # Alike: the same type and message but for numbers (a rank, a shape, an address differs per rank).
     if len(raised) >= world_size and len({(f.exc_type, _digits_masked(f.message)) for f in raised}) == 1:

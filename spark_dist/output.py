@@ -200,3 +200,35 @@ def printer(log_ranks: str) -> Optional[Callable[[int, str, str], None]]:
         target = sys.stderr if stream == "stderr" else sys.stdout  # looked up now: redirect_stdout works
         print(f"[rank {rank}] {line}", file=target, flush=True)
     return show
+
+
+class ProgressBar:
+    """The driver's bar over rank 0's loader (``tqdm.auto``: a widget in a notebook, text elsewhere): one
+    epoch at a time, its steps as the loader counts them, the latest metrics rank 0 reported as its postfix.
+    Nothing is drawn until progress arrives, nor without tqdm."""
+
+    def __init__(self):
+        self._bar = None
+        self._epoch = None
+
+    def advance(self, epoch: int, step: int, steps: int) -> None:
+        if self._bar is None:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                return
+            self._bar = tqdm(total=steps, unit="step", dynamic_ncols=True)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._bar.reset(total=steps)
+            self._bar.set_description(f"epoch {epoch}")
+        self._bar.update(step - self._bar.n)
+
+    def show_metrics(self, metrics: dict) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, refresh=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar, self._epoch = None, None

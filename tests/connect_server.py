@@ -116,12 +116,16 @@ class ConnectServer:
         try:
             _wait_for(f"the Spark Connect server on {self.url}", port_open, timeout=self.startup_timeout)
             # The port opens once the gRPC service runs; a first query proves the session machinery does.
-            # The probe session stays open until stop(): released right after its query, the client's
-            # asynchronous ReleaseExecute would reach a closed session (a harmless ERROR in the log).
+            # The probe session is stopped right after: the first session a process creates becomes its
+            # default and active one (what SparkSession.getActiveSession() returns, as spark_dist's
+            # Distributor does when no session is passed), and that must be the session a test uses. (The
+            # client's asynchronous ReleaseExecute may then reach a closed session: a harmless ERROR in the log.)
             spark = self._new_session()
-            self._sessions.append(spark)
-            left = max(deadline - time.monotonic(), 10.0)
-            _wait_for("a first query", lambda: self._answers(spark), timeout=left, interval=1.0)
+            try:
+                left = max(deadline - time.monotonic(), 10.0)
+                _wait_for("a first query", lambda: self._answers(spark), timeout=left, interval=1.0)
+            finally:
+                spark.stop()
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}; see {self.log_path}:\n{self.log_tail()}") from None
 
@@ -148,7 +152,8 @@ class ConnectServer:
         return ConnectSession.builder.remote(self.url).create()
 
     def session(self):
-        """A new Connect client session (its own server-side session); :meth:`stop` stops it too."""
+        """A new Connect client session (its own server-side session); :meth:`stop` stops it too. The first
+        one made (while no other is open in this process) is the process's active session."""
         if not self.is_running():
             raise RuntimeError(f"the Spark Connect server is not running; see {self.log_path}")
         spark = self._new_session()

@@ -25,9 +25,11 @@ def allreduce_and_describe(scale):
 
 
 def test_a_function_runs_on_two_ranks_through_connect(spark_connect):
+    from pyspark.sql import SparkSession
     from pyspark.sql.utils import is_remote
 
-    assert is_remote() and not hasattr(spark_connect, "_jsc")
+    # The run finds the session as a user's code would: is_remote(), then the active session.
+    assert is_remote() and not hasattr(spark_connect, "_jsc") and SparkSession.getActiveSession() is spark_connect
     d = Distributor(num_processes=2, verbose=False)
     assert d.run(allreduce_and_describe, 1.0) == {"sum": 3.0, "world": 2, "store": "127.0.0.1"}
     assert sorted(r["rank"] for r in d.history) == [0, 1]  # the reports come back with the result
@@ -183,3 +185,21 @@ def test_what_the_ranks_print_comes_back_with_the_result(spark_connect):
     for rank in (0, 1):
         assert lines_of(out.getvalue(), rank) == [f"line {i} of rank {rank}" for i in range(1000)]
         assert f"to stderr from rank {rank}" in lines_of(err.getvalue(), rank)
+
+
+def test_interrupting_the_runs_tag_ends_it_without_a_retry(spark_connect, tmp_path):
+    import threading
+
+    from test_launcher import record_pid_and_wait
+
+    def interrupt_when_both_ranks_run():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        spark_connect.interruptTag("spark_dist-tagged-0")  # the run's tag: spark_dist-<run_id>-<attempt>
+
+    threading.Thread(target=interrupt_when_both_ranks_run, daemon=True).start()
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, max_retries=2, verbose=False, run_id="tagged").run(
+            record_pid_and_wait, str(tmp_path))
+    assert info.value.first.kind == "cancelled" and info.value.attempts == 1

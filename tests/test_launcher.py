@@ -235,3 +235,60 @@ def test_the_users_gloo_interface_wins(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
     assert _with_gloo_interface({"RANK": "0"}, "127.0.0.1") == {"RANK": "0", "HOROVOD_GLOO_IFACE": "lo"}
     assert _with_gloo_interface({"RANK": "0"}, "192.0.2.99") == {"RANK": "0"}  # no interface holds it
+
+
+# -- history, cancellation from outside, the Spark UI's description ---------------------------------------------
+def report_three_epochs():
+    ctx = get_context()
+    for epoch in range(3):
+        ctx.report(epoch=epoch, loss=1.0 / (epoch + 1))
+
+
+def test_the_history_is_a_frame_ready_to_plot(spark_local):
+    d = Distributor(num_processes=2, verbose=False)
+    d.run(report_three_epochs)
+    frame = d.history_frame()
+    assert len(frame) == 6 and {"rank", "attempt", "time", "epoch", "loss"} <= set(frame.columns)
+    assert str(frame["time"].dtype).startswith("datetime64") and set(frame["attempt"]) == {0}
+    rank0 = frame[frame["rank"] == 0].sort_values("epoch")
+    assert rank0["loss"].tolist() == [1.0, 0.5, 1.0 / 3]
+
+
+def record_pid_and_wait(pid_dir):
+    open(os.path.join(pid_dir, f"rank{get_context().rank}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_cancelling_the_job_group_from_outside_ends_the_run_cleanly(spark_local, tmp_path):
+    import threading
+
+    import psutil
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+
+    def cancel_when_both_ranks_run():
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        sc.cancelJobGroup("spark_dist-cancel-me-0")  # what the UI's kill link or a user's code does
+
+    threading.Thread(target=cancel_when_both_ranks_run, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, max_retries=2, verbose=False, run_id="cancel-me").run(
+            record_pid_and_wait, str(tmp_path))
+    assert info.value.first.kind == "cancelled" and info.value.attempts == 1  # not retried
+    assert time.monotonic() - started < 60
+    time.sleep(1.0)
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    assert len(pids) == 2 and not [p for p in pids if psutil.pid_exists(p)
+                                   and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_the_spark_ui_names_the_run(spark_local):
+    from spark_dist.config import RunConfig
+    from spark_dist.launcher import job_description
+
+    config = RunConfig.build(num_processes=2, backend="horovod", run_id="r1")
+    assert job_description(config, 1) == "spark_dist run r1 attempt 1: 2 ranks, horovod"

@@ -53,8 +53,8 @@ NO_MODULE = JobError("Py4JJavaError", (
     "Stage failed because barrier task ResultTask(3, 0) finished unsuccessfully.\n"
     "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
     "ModuleNotFoundError: No module named 'spark_dist'"))
-NO_TASK = JobError("Py4JJavaError", "org.apache.spark.SparkException: Job 7 cancelled as part of cancellation "
-                                    "of all jobs")
+NO_TASK = JobError("Py4JJavaError", "org.apache.spark.SparkException: Job aborted due to stage failure: Task "
+                                    "serialization failed: java.io.NotSerializableException")
 
 
 def named(outcome):
@@ -143,3 +143,23 @@ def test_the_messages_say_what_happened():
 ])
 def test_retry_rules(failures, previous, retry):
     assert worth_retrying(failures, 2, previous) is retry
+
+
+CANCELLED_GROUP = JobError("Py4JJavaError", "org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 12 "
+                                            "cancelled part of cancelled job group spark_dist-r-0")
+CANCELLED_TAG = JobError("UnknownException", "(org.apache.spark.SparkSQLException) [OPERATION_CANCELED] "
+                                             "Operation has been canceled. SQLSTATE: HY008")
+
+
+@pytest.mark.parametrize("job_error", [CANCELLED_GROUP, CANCELLED_TAG])
+def test_a_job_someone_cancelled_ends_the_run_without_a_retry(job_error):
+    outcome = outcome_of(seen(job_error=job_error, failures=(echo(0, 1),)))
+    assert named(outcome) == [(None, "cancelled"), (0, "exception")]
+    assert "cancelled (from the Spark UI, or by its job group or tag)" in outcome.failures[0].message
+    assert not worth_retrying(outcome.failures, 2, [])
+
+
+def test_a_job_spark_dist_cancelled_itself_is_not_the_users_cancel():
+    # After the abort grace spark_dist cancels the job itself: the rank's own report leads.
+    outcome = outcome_of(seen(job_error=CANCELLED_GROUP, failures=(raised(1),), cancelled_here=True))
+    assert named(outcome) == [(1, "exception")]

@@ -116,3 +116,27 @@ def test_a_broken_channel_leaves_the_lines_in_the_executor_log_and_warns_once(ca
     reader.join()
     assert executor_log.getvalue() == b"before the break\nafter the break\nand later\n"
     assert capsys.readouterr().err.count("rank 0's output no longer reaches the driver") == 1
+
+
+def train_on_the_loader():
+    ctx = get_context()
+    for epoch in range(2):
+        for _ in ctx.loader("train", batch_size=10, epoch=epoch):
+            time.sleep(0.01)
+        ctx.report(epoch=epoch, loss=0.5 / (epoch + 1))
+
+
+def test_a_progress_bar_follows_rank_0s_loader_with_its_metrics(spark_local):
+    df = spark_local.range(160).selectExpr("array(cast(id as float)) as x", "id % 2 as label")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        d = Distributor(num_processes=2, verbose=True, log_ranks="none")
+        d.run(train_on_the_loader, datasets={"train": df})
+    text = err.getvalue()
+    # tqdm redraws with \\r; its last state per epoch: 8 of 8 steps (80 rows per rank, batches of 10).
+    assert re.search(r"epoch 0: 100%\|.*\| 8/8", text) and re.search(r"epoch 1: 100%\|.*\| 8/8 .*loss=0\.25", text)
+    assert "_progress" not in str(d.history)  # progress is the bar's, not history
+    quiet = io.StringIO()
+    with contextlib.redirect_stderr(quiet):
+        Distributor(num_processes=2, verbose=False).run(train_on_the_loader, datasets={"train": df})
+    assert "epoch 0" not in quiet.getvalue()

@@ -148,6 +148,7 @@ class ShardLoader:
         self._window_rows = max(batch_size, _WINDOW_BYTES // max(row_bytes, 1))
         self.wait_seconds = self.read_seconds = 0.0
         self.batches = self.rows = 0
+        self.on_progress = None  # called with (epoch, batches yielded, len(self)) after each batch
 
     @property
     def rows_per_rank(self) -> int:
@@ -312,6 +313,8 @@ class ShardLoader:
                     yielded += 1
                     self.batches += 1
                     self.rows += len(next(iter(batch.values())))
+                    if self.on_progress is not None:
+                        self.on_progress(self.epoch, yielded, expected)
                     yield batch
             if yielded != expected:  # would hang DDP on the other ranks: fail loudly instead
                 raise RuntimeError(f"dataset {self.handle.name!r}: rank {self.rank} yielded {yielded} batches, "

@@ -150,6 +150,12 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         self._num_outputs = None  # another module: ask it again
         return self._set(model=value)
 
+    def history_frame(self):
+        """:attr:`history` as a pandas DataFrame, one row per epoch, ready to plot."""
+        from ..launcher import history_frame
+
+        return history_frame(self._history)
+
     @property
     def history(self) -> List[Dict[str, Any]]:
         """One record per training epoch (empty for a model not made by ``fit``)."""
