@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from . import output, session
+from . import output, session, tracking
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
@@ -65,6 +65,7 @@ class Distributor:
         RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
         self.verbose = verbose
         self._bar = output.ProgressBar()
+        self._tracker = tracking.Tracker.inactive()
         if log_ranks is not None and log_ranks not in output.LOG_RANKS:
             raise ConfigError(f"log_ranks must be one of {', '.join(map(repr, output.LOG_RANKS))}, got {log_ranks!r}")
         self.log_ranks = log_ranks or ("all" if verbose else "none")
@@ -123,6 +124,19 @@ class Distributor:
         self.history, self.input_stats = [], []
         self.last_run_id = config.run_id
         self._bar = output.ProgressBar()
+        self._tracker = tracking.Tracker(config.run_id, tracking.run_params({**self._args, "run_id": config.run_id}))
+        try:
+            result = self._attempts(config, spark, remote, backend, job_bytes, handles, checkpoint_dir)
+        except BaseException:
+            self._tracker.end(failed=True)
+            raise
+        self._tracker.input_stats(self.input_stats)
+        self._tracker.end()
+        return result
+
+    def _attempts(self, config: RunConfig, spark, remote: bool, backend, job_bytes: bytes, handles,
+                  checkpoint_dir: str):
+        """Attempt after attempt until one succeeds, or the failures are not worth another."""
         started = time.monotonic()
         failures_seen: List[RankFailure] = []
         for attempt in range(config.max_retries + 1):
@@ -201,6 +215,7 @@ class Distributor:
                 self._bar.advance(*record[PROGRESS_KEY])
             return
         self.history.append(record)
+        self._tracker.report(record)
         if self.verbose:
             metrics = {k: v for k, v in record.items() if k not in _RECORD_KEYS}
             if record.get("rank") == 0:

@@ -8,6 +8,7 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 
 from ..errors import ConfigError
+from ..tracking import Tracker
 from . import inputs
 from .model import TorchModel
 from .params import TorchParams
@@ -184,8 +185,22 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
             backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in handles)
         distributor = Distributor(num_processes=self.getNumProcesses(), backend=backend, use_gpu=self.getUseGpu(),
                                   verbose=self.getVerbose(), spark=spark)
-        result = distributor.run(train_ranks, spec, datasets=handles)
+        # With MLflow in use the fit is one MLflow run: the estimator's params and the model; the training run
+        # logs into it (its per-epoch reports: the history's metrics at their epochs).
+        tracker = Tracker(f"{self.uid}-fit", {p.name: v for p, v in self.extractParamMap().items()
+                                              if isinstance(v, (int, float, str, bool))})
+        try:
+            result = distributor.run(train_ranks, spec, datasets=handles)
+            model = self._model_from(result, spec, width, outputs)
+            tracker.model(model)
+        except BaseException:
+            tracker.end(failed=True)
+            raise
+        tracker.end()
+        return model
 
+    def _model_from(self, result, spec, width, outputs) -> TorchModel:
+        """The fitted model: a fresh copy of the module with rank 0's weights, this estimator's Params."""
         trained = loads(spec.objects)["model"]  # a fresh copy: the user's module keeps its weights
         trained.load_state_dict(result["state_dict"])
         trained.eval()
