@@ -223,6 +223,8 @@ class ProgressBar:
             self._bar.reset(total=steps)
             self._bar.set_description(f"epoch {epoch}")
         self._bar.update(step - self._bar.n)
+        if step >= steps:  # an epoch's end is drawn at once (tqdm skips redraws within its mininterval)
+            self._bar.refresh()
 
     def show_metrics(self, metrics: dict) -> None:
         if self._bar is not None:
