@@ -7,14 +7,11 @@ ratio (goal: >= 10x). ``make bench-connect``; on the 3.5 line, which has no Conn
 """
 import argparse
 import json
-import os
-import platform
 import tempfile
-import time
 
 from _cluster import median  # also puts tests/ on sys.path and sets SPARK_LOCAL_IP
 
-from bench_launch import timed
+from bench_launch import launchers_side_by_side, report_side_by_side, timed
 from clusters import StandaloneCluster, connect_available, install_gpu_script
 
 
@@ -61,37 +58,14 @@ def main():
 
             seconds, _ = timed(bare, args.warm_runs + 1)  # also waits the executors in
             figures["bare barrier mapInArrow stage"] = {"first": seconds[0], "warm_median": median(seconds[1:])}
-            from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
-
-            from spark_dist import Distributor
-
-            ours = Distributor(num_processes=2, verbose=False)
-            seconds, results = timed(lambda: ours.run(allreduce_ten_floats), args.warm_runs + 1)
-            assert all(r == 2.0 for r in results), results
-            figures["spark_dist Distributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
-                                                 "warm_runs": seconds[1:]}
-            theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-            seconds, results = timed(lambda: theirs.run(allreduce_ten_floats), args.warm_runs + 1)
-            assert all(r == 2.0 for r in results), results
-            figures["PySpark TorchDistributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
-                                                   "warm_runs": seconds[1:]}
+            figures.update(launchers_side_by_side(allreduce_ten_floats, args.warm_runs))
             spark.stop()
         finally:
             if server is not None:
                 server.stop()
             cluster.stop()
 
-    ours, theirs = figures["spark_dist Distributor"], figures["PySpark TorchDistributor"]
-    ratios = {"first": theirs["first"] / ours["first"], "warm_median": theirs["warm_median"] / ours["warm_median"]}
-    print("| launcher (through Spark Connect) | first run (s) | warm median (s) |\n|---|---|---|")
-    for name, f in figures.items():
-        print(f"| {name} | {f['first']:.2f} | {f['warm_median']:.3f} |")
-    print(f"| TorchDistributor / spark_dist | {ratios['first']:.1f}x | {ratios['warm_median']:.1f}x |")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"figures": figures, "ratios": ratios, "machine": platform.platform(),
-                       "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=2)
+    report_side_by_side(figures, "launcher (through Spark Connect)", args.out)
 
 
 if __name__ == "__main__":

@@ -38,36 +38,44 @@ def main():
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
-    from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
-
-    from spark_dist import Distributor
-
     figures = {}
     with standalone_session("bench_launch") as spark:
         sc = spark.sparkContext
         bare, _ = timed(lambda: sc.parallelize(range(2), 2).barrier().mapPartitions(lambda it: [1]).collect(),
                         args.warm_runs)
         figures["bare barrier stage (no sync)"] = {"first": bare[0], "warm_median": median(bare[1:])}
-        ours = Distributor(num_processes=2, verbose=False)
-        seconds, results = timed(lambda: ours.run(allreduce_ten_floats), args.warm_runs + 1)
-        assert all(r == 2.0 for r in results), results
-        figures["spark_dist Distributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
-                                             "warm_runs": seconds[1:]}
-        theirs = PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-        seconds, results = timed(lambda: theirs.run(allreduce_ten_floats), args.warm_runs + 1)
-        assert all(r == 2.0 for r in results), results
-        figures["PySpark TorchDistributor"] = {"first": seconds[0], "warm_median": median(seconds[1:]),
-                                               "warm_runs": seconds[1:]}
+        figures.update(launchers_side_by_side(allreduce_ten_floats, args.warm_runs))
+    report_side_by_side(figures, "launcher", args.out)
 
+
+def launchers_side_by_side(job, warm_runs):
+    """The figures of spark_dist's Distributor and PySpark's TorchDistributor running ``job`` (2 ranks, its
+    result 2.0) on the active session: the first run, then ``warm_runs`` more."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
+
+    from spark_dist import Distributor
+
+    figures = {}
+    for name, launcher in (("spark_dist Distributor", Distributor(num_processes=2, verbose=False)),
+                           ("PySpark TorchDistributor",
+                            PySparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False))):
+        seconds, results = timed(lambda: launcher.run(job), warm_runs + 1)
+        assert all(r == 2.0 for r in results), results
+        figures[name] = {"first": seconds[0], "warm_median": median(seconds[1:]), "warm_runs": seconds[1:]}
+    return figures
+
+
+def report_side_by_side(figures, title, out):
+    """Print the table and the TorchDistributor / spark_dist ratios; write them as JSON to ``out``."""
     ours, theirs = figures["spark_dist Distributor"], figures["PySpark TorchDistributor"]
     ratios = {"first": theirs["first"] / ours["first"], "warm_median": theirs["warm_median"] / ours["warm_median"]}
-    print("| launcher | first run (s) | warm median (s) |\n|---|---|---|")
+    print(f"| {title} | first run (s) | warm median (s) |\n|---|---|---|")
     for name, f in figures.items():
         print(f"| {name} | {f['first']:.2f} | {f['warm_median']:.3f} |")
     print(f"| TorchDistributor / spark_dist | {ratios['first']:.1f}x | {ratios['warm_median']:.1f}x |")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
             json.dump({"figures": figures, "ratios": ratios, "machine": platform.platform(),
                        "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%d %H:%M")}, f, indent=2)
 

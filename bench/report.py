@@ -36,32 +36,33 @@ def seconds(value):
     return f"{value:.2f} s"
 
 
+def launch_rows(bare_label, bare_key, first_label):
+    """The rows of a launch table (bench_launch.py and bench_connect.py write the same figures)."""
+    def f(d, key, figure):
+        return seconds(d["figures"][key][figure])
+
+    return [
+        (f"{bare_label}, warm median", lambda d: f(d, bare_key, "warm_median")),
+        (f"**spark_dist**, {first_label}", lambda d: f(d, "spark_dist Distributor", "first")),
+        ("**spark_dist**, warm median of 5", lambda d: f(d, "spark_dist Distributor", "warm_median")),
+        ("PySpark TorchDistributor, first run", lambda d: f(d, "PySpark TorchDistributor", "first")),
+        ("PySpark TorchDistributor, warm median", lambda d: f(d, "PySpark TorchDistributor", "warm_median")),
+        ("**TorchDistributor / spark_dist, warm**", lambda d: f"**{d['ratios']['warm_median']:.1f}x**"),
+    ]
+
+
 def main():
     out = []
     launch = load("launch")
     if launch:
-        f = lambda d, k: d["figures"][k]  # noqa: E731
-        out.append(table("Launch: 2 ranks, one gloo all-reduce (standalone cluster, warm session)", [
-            ("bare barrier stage, warm median", lambda d: seconds(f(d, "bare barrier stage (no sync)")["warm_median"])),
-            ("**spark_dist**, first run", lambda d: seconds(f(d, "spark_dist Distributor")["first"])),
-            ("**spark_dist**, warm median of 5", lambda d: seconds(f(d, "spark_dist Distributor")["warm_median"])),
-            ("PySpark TorchDistributor, first run", lambda d: seconds(f(d, "PySpark TorchDistributor")["first"])),
-            ("PySpark TorchDistributor, warm median", lambda d: seconds(f(d, "PySpark TorchDistributor")["warm_median"])),
-            ("**TorchDistributor / spark_dist, warm**", lambda d: f"**{d['ratios']['warm_median']:.1f}x**"),
-        ], launch))
+        out.append(table("Launch: 2 ranks, one gloo all-reduce (standalone cluster, warm session)",
+                         launch_rows("bare barrier stage", "bare barrier stage (no sync)", "first run"), launch))
     connect = {line: d for line, d in load("connect").items() if "skipped" not in d}
     if connect:
-        f = lambda d, k: d["figures"][k]  # noqa: E731
         out.append(table("Launch through Spark Connect: 2 ranks, one gloo all-reduce (a Connect server in front of "
-                         "the standalone cluster; the 3.5 line has no Connect server)", [
-            ("bare barrier mapInArrow stage, warm median",
-             lambda d: seconds(f(d, "bare barrier mapInArrow stage")["warm_median"])),
-            ("**spark_dist**, first run in a new client session", lambda d: seconds(f(d, "spark_dist Distributor")["first"])),
-            ("**spark_dist**, warm median of 5", lambda d: seconds(f(d, "spark_dist Distributor")["warm_median"])),
-            ("PySpark TorchDistributor, first run", lambda d: seconds(f(d, "PySpark TorchDistributor")["first"])),
-            ("PySpark TorchDistributor, warm median", lambda d: seconds(f(d, "PySpark TorchDistributor")["warm_median"])),
-            ("**TorchDistributor / spark_dist, warm**", lambda d: f"**{d['ratios']['warm_median']:.1f}x**"),
-        ], connect))
+                         "the standalone cluster; the 3.5 line has no Connect server)",
+                         launch_rows("bare barrier mapInArrow stage", "bare barrier mapInArrow stage",
+                                     "first run in a new client session"), connect))
     horovod = load("horovod")
     if horovod:
         out.append(table("Horovod: 2 ranks, hvd.init() and one all-reduce", [
