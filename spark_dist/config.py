@@ -121,6 +121,11 @@ class RunConfig:
     allow_unencrypted: bool = False
     spark_conf: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
+    def job_description(self, attempt: int) -> str:
+        """What the Spark UI shows for the run's job: run id, attempt, ranks and backend."""
+        return (f"spark_dist run {self.run_id} attempt {attempt}: {self.num_processes} ranks, {self.backend}"
+                f"{', GPU' if self.use_gpu else ''}")
+
     @classmethod
     def build(
         cls,

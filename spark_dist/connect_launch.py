@@ -33,11 +33,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional
 
-from . import output
+from . import output, session
 from .config import RunConfig
 from .outcome import JobError, Outcome, Seen, outcome_of
 from .protocol import ABORT, Abort, LaunchSpec, TaskOutcome, TaskStatus
-from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
+from .rendezvous import SignedStore, bind_listener, host_store
 
 VERDICT = "spark_dist-verdict"  # brackets what the first task saw, in the error that fails the stage
 PORT_TAKEN = "spark_dist-store-port-taken"
@@ -84,18 +84,16 @@ class ConnectAttempt:
         # The tasks need the run's settings, not the session's whole conf (which may hold credentials).
         config = dataclasses.replace(self.config, spark_conf={})
         task = functools.partial(run_connect_partition, spec, config, time_left)
-        frame = self.spark.range(0, n, 1, n).mapInArrow(task, "record binary", barrier=True)
+        frame = self.spark.range(0, n, 1, n).mapInArrow(task, session.RECORDS_SCHEMA, barrier=True)
         rows: List[Any] = []
         errors: List[BaseException] = []
         done = threading.Event()
 
         def collect():
-            from .launcher import job_description
-
             self.spark.addTag(self.tag)  # tags belong to the thread that starts the operation
             try:
                 # What the Spark UI shows for the job (a session-wide setting under Connect: unset after).
-                self.spark.conf.set("spark.job.description", job_description(self.config, spec.attempt))
+                self.spark.conf.set("spark.job.description", self.config.job_description(spec.attempt))
                 rows.extend(frame.collect())
             except BaseException as exc:  # a lost executor, a failed stage, an interrupt
                 errors.append(exc)
@@ -116,13 +114,13 @@ class ConnectAttempt:
         try:
             if not done.wait(limit):
                 timed_out = True
-                self.spark.interruptTag(self.tag)
+                session.cancel(self.spark, self.tag)
                 done.wait(60)
         except BaseException:  # Ctrl-C on the client: the job goes, and its tasks with their ranks
-            self.spark.interruptTag(self.tag)
+            session.cancel(self.spark, self.tag)
             thread.join(60)
             raise
-        records = [pickle.loads(row[0]) for row in rows]
+        records = session.records_of(rows)
         return records, (errors[0] if errors else None), timed_out
 
     def _outcome(self, records, error: Optional[BaseException], timed_out: bool) -> Outcome:
@@ -171,23 +169,18 @@ def run_connect_partition(spec: LaunchSpec, config: RunConfig, time_left: Option
                           batches) -> Iterator[Any]:
     """``mapInArrow`` function of the barrier stage: serve this task's rank (the first task also hosts the
     store and the coordinator); yield its records as one Arrow batch of pickles."""
-    import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    from .resources import task_gpu_addresses
-    from .worker import fork_child, serve_rank
+    from .worker import barrier_task_info, fork_child, serve_rank
 
     for _ in batches:  # the input rows only made the tasks
         pass
     context = BarrierTaskContext.get()
-    index = context.partitionId()
-    infos = context.getTaskInfos()  # static scheduling information: no barrier sync
-    executor = infos[index].address
-    spec = dataclasses.replace(spec, store_host=infos[0].address.rsplit(":", 1)[0])
-    gpus = tuple(task_gpu_addresses(context)) if spec.use_gpu else ()
-    task = TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor)
+    task = barrier_task_info(context, spec.use_gpu)
+    index = task.task_index
+    spec = dataclasses.replace(spec, store_host=context.getTaskInfos()[0].address.rsplit(":", 1)[0])
     if index == 0:
-        records = _serve_with_coordinator(spec, config, time_left, task,
+        records = _serve_with_coordinator(spec, config, time_left,
                                           lambda: serve_rank(spec, task, fork_child, in_executor=True))
     else:
         try:
@@ -198,13 +191,12 @@ def run_connect_partition(spec: LaunchSpec, config: RunConfig, time_left: Option
             sys.stderr.write(f"spark_dist: task {index} could not serve its rank through the store at "
                              f"{spec.store_host}:{spec.store_port}: {exc!r}\n")
             records = [TaskStatus(index, TaskOutcome.ABORTED)]
-    # large_binary: rank 0's result may pass 2 GiB (maxResultSize permitting); binary's offsets are 32-bit.
-    yield pa.RecordBatch.from_pydict({"record": [pickle.dumps(r) for r in records]},
-                                     schema=pa.schema([("record", pa.large_binary())]))
+    yield session.records_batch(records)
 
 
-def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Optional[float], task: TaskInfo,
-                            serve) -> List[Any]:
+def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Optional[float], serve) -> List[Any]:
+    """Host the store and run the coordinator beside ``serve()`` (this task's own rank); its records plus
+    what the coordinator saw."""
     from .backends import get_backend
     from .coordinator import Coordinator
 
@@ -223,10 +215,10 @@ def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Opti
     give_up = threading.Event()
     deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
     config = dataclasses.replace(config, driver_host=spec.store_host)
-    coordinator = Coordinator(store, config, spec, backend, job_ended=lambda: False, cancel=give_up.set,
+    # No Spark job to wait for here: the watch ends once every rank has ended, or on give_up.
+    coordinator = Coordinator(store, config, spec, backend, job_ended=None, cancel=give_up.set,
                               on_report=reports.append, deadline=deadline, host=spec.store_host,
                               on_output=lambda *line: lines.append(line))
-    coordinator.job_ended = lambda: give_up.is_set() or coordinator.all_ranks_ended()
     crashed: List[BaseException] = []
 
     def watch():

@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional
 _current: Optional["TrainContext"] = None
 
 CHECKPOINT_FILE = "checkpoint.pt"
+REPORT_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
 PROGRESS_KEY = "_progress"  # a report holding (epoch, step, steps) of rank 0's loader: the driver's bar
 PROGRESS_EVERY_S = 0.25
 
@@ -71,8 +72,10 @@ class TrainContext:
         if step < steps and now - self._progress_sent < PROGRESS_EVERY_S:
             return
         self._progress_sent = now
-        self._reporter({"rank": self.rank, "attempt": self.attempt, "time": time.time(),
-                        PROGRESS_KEY: (epoch, step, steps)})
+        self._reporter({**self._report_head(), PROGRESS_KEY: (epoch, step, steps)})
+
+    def _report_head(self) -> Dict[str, Any]:
+        return {"rank": self.rank, "attempt": self.attempt, "time": time.time()}  # REPORT_KEYS
 
     _progress_sent = 0.0
 
@@ -80,7 +83,7 @@ class TrainContext:
     def report(self, **metrics) -> None:
         """Send metrics to the driver: printed there and kept in the run's history (any rank may report)."""
         if self._reporter is not None:
-            self._reporter({"rank": self.rank, "attempt": self.attempt, "time": time.time(), **metrics})
+            self._reporter({**self._report_head(), **metrics})
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def _checkpoint_path(self) -> str:

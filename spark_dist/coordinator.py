@@ -29,7 +29,8 @@ class Coordinator:
         store: the attempt's signed store (hosted by the caller).
         config, spec, backend: the run's settings, what the tasks were given, and the backend (its
             ``start`` runs at assignment, where the coordinator runs).
-        job_ended: whether the tasks are all done (the Spark job returned, or every rank ended).
+        job_ended: whether the tasks are all done (the Spark job returned); ``None``: once every rank ended
+            (:meth:`all_ranks_ended`), where no job can be watched (in the first task under Spark Connect).
         cancel: stops the tasks that cannot stop by themselves (a silent host's; after the abort grace).
         on_report: called with each ``ctx.report`` record, in order.
         on_output: called with ``(rank, stream, line)`` for each line a rank printed (``None``: not fetched).
@@ -38,11 +39,12 @@ class Coordinator:
     """
 
     def __init__(self, store: SignedStore, config: RunConfig, spec: LaunchSpec, backend,
-                 job_ended: Callable[[], bool], cancel: Callable[[], None], on_report: Callable[[dict], None],
+                 job_ended: Optional[Callable[[], bool]], cancel: Callable[[], None], on_report: Callable[[dict], None],
                  deadline: Optional[float], host: str, bind_address: Optional[str] = None,
                  on_output: Optional[Callable[[int, str, str], None]] = None):
         self.store, self.config, self.spec, self.backend = store, config, spec, backend
-        self.job_ended, self.cancel, self.on_report = job_ended, cancel, on_report
+        self.job_ended = job_ended or self.all_ranks_ended
+        self.cancel, self.on_report = cancel, on_report
         self.deadline, self.host, self.bind_address = deadline, host, bind_address or host
         self.output = None if on_output is None else OutputRelay(store, on_output)
         self.reports_seen = 0

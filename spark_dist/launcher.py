@@ -20,7 +20,7 @@ from . import output, session, tracking
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
-from .context import PROGRESS_KEY
+from .context import PROGRESS_KEY, REPORT_KEYS
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
 from .connect_launch import ConnectAttempt
@@ -217,7 +217,7 @@ class Distributor:
         self.history.append(record)
         self._tracker.report(record)
         if self.verbose:
-            metrics = {k: v for k, v in record.items() if k not in _RECORD_KEYS}
+            metrics = {k: v for k, v in record.items() if k not in REPORT_KEYS}
             if record.get("rank") == 0:
                 self._bar.show_metrics(metrics)
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
@@ -235,7 +235,7 @@ class Distributor:
             return
         last = next((r for r in reversed(self.history) if r.get("rank") == 0), None)
         tail = "" if last is None else "; last report: " + " ".join(
-            f"{k}={_fmt(v)}" for k, v in last.items() if k not in _RECORD_KEYS)
+            f"{k}={_fmt(v)}" for k, v in last.items() if k not in REPORT_KEYS)
         where = "local processes" if config.local_mode else "Spark barrier tasks"
         retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
         print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
@@ -253,12 +253,6 @@ def _spark_conf(spark) -> Dict[str, str]:
     from . import config as keys
 
     return session.conf_snapshot(spark, keys.RUNTIME_KEYS)
-
-
-def job_description(config: RunConfig, attempt: int) -> str:
-    """What the Spark UI shows for a run's job: run id, attempt, backend and ranks."""
-    return (f"spark_dist run {config.run_id} attempt {attempt}: {config.num_processes} ranks, {config.backend}"
-            f"{', GPU' if config.use_gpu else ''}")
 
 
 def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
@@ -283,9 +277,6 @@ def _kept(handles: Dict[str, Any]):
     from .data.cache import in_use
 
     return in_use(handles.values())
-
-
-_RECORD_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
 
 
 def history_frame(records: List[Dict[str, Any]]):
@@ -427,7 +418,7 @@ class _Attempt:
 
     def _cancel(self) -> None:
         if not self.config.local_mode:
-            self.spark.sparkContext.cancelJobGroup(self.group)
+            session.cancel(self.spark, self.group)
 
     def _job(self) -> None:
         try:
@@ -435,7 +426,7 @@ class _Attempt:
                 self._run_local()
             else:
                 sc = self.spark.sparkContext
-                sc.setJobGroup(self.group, job_description(self.config, self.attempt), True)
+                sc.setJobGroup(self.group, self.config.job_description(self.attempt), True)
                 n = self.config.num_processes
                 rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
                     functools.partial(run_barrier_partition, self.spec))

@@ -123,28 +123,39 @@ def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[
     if not is_connect(spark):
         return spark.sparkContext.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
             lambda index, _: fn(index)).collect()
-    return [_loads(row[0]) for row in spark.range(0, tasks, 1, tasks).mapInArrow(
-        _arrow_task(fn), "record binary").collect()]
+    return records_of(spark.range(0, tasks, 1, tasks).mapInArrow(_arrow_task(fn), RECORDS_SCHEMA).collect())
 
 
 def _arrow_task(fn: Callable[[int], List[Any]]):
     def task(batches):
-        import pickle
-
-        import pyarrow as pa
         from pyspark import TaskContext
 
         for _ in batches:
             pass
-        records = [pickle.dumps(r) for r in fn(TaskContext.get().partitionId())]
-        yield pa.RecordBatch.from_pydict({"record": records}, schema=pa.schema([("record", pa.binary())]))
+        yield records_batch(fn(TaskContext.get().partitionId()))
     return task
 
 
-def _loads(data: bytes):
+# What a task returns through the DataFrame API (a mapInArrow job): its records, pickled, one per row.
+RECORDS_SCHEMA = "record binary"
+
+
+def records_batch(records: List[Any]):
+    """``records`` as the Arrow batch a task yields (large_binary: a result may pass 2 GiB, binary's offsets
+    are 32-bit)."""
     import pickle
 
-    return pickle.loads(data)
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"record": [pickle.dumps(r) for r in records]},
+                                      schema=pa.schema([("record", pa.large_binary())]))
+
+
+def records_of(rows) -> List[Any]:
+    """The records of a job's collected rows (see :func:`records_batch`)."""
+    import pickle
+
+    return [pickle.loads(row[0]) for row in rows]
 
 
 def cancel(spark, tag: str) -> None:

@@ -14,6 +14,8 @@ import numbers
 import os
 from typing import Any, Dict, Optional
 
+from .context import REPORT_KEYS
+
 log = logging.getLogger("spark_dist")
 
 _STEP_KEYS = ("step", "global_step", "epoch")  # what a report's own step is called, in order of preference
@@ -65,7 +67,7 @@ class Tracker:
         else numbered in arrival order."""
         if self.mlflow is None or record.get("rank") != 0:
             return
-        metrics = {k: float(v) for k, v in record.items() if k not in ("rank", "attempt", "time")
+        metrics = {k: float(v) for k, v in record.items() if k not in REPORT_KEYS
                    and isinstance(v, numbers.Real) and not isinstance(v, bool)}
         step_key = next((k for k in _STEP_KEYS if k in metrics), None)
         for key, value in metrics.items():

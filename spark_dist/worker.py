@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional
 
 from . import output, tempdirs
 from .errors import RankFailure
@@ -40,23 +40,27 @@ def signed_store(spec: LaunchSpec) -> SignedStore:
 # --------------------------------------------------------------------------------------------------------
 # Spark task entry
 # --------------------------------------------------------------------------------------------------------
-def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[tuple]:
+def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[Any]:
     """``mapPartitions`` function of the barrier stage: serve the rank of this task, yield its records."""
     from pyspark import BarrierTaskContext
 
-    from .resources import task_gpu_addresses
-
-    task_context = BarrierTaskContext.get()
-    index = task_context.partitionId()
-    # getTaskInfos() is static scheduling information: unlike allGather it costs no barrier sync.
-    # The address is the executor's host:port: it tells which ranks share an executor that Spark reports lost.
-    executor = task_context.getTaskInfos()[index].address
-    gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
-    yield from serve_rank(spec, TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor), fork_child,
+    yield from serve_rank(spec, barrier_task_info(BarrierTaskContext.get(), spec.use_gpu), fork_child,
                           in_executor=True)
 
 
-def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[tuple]:
+def barrier_task_info(task_context, use_gpu: bool) -> TaskInfo:
+    """Where this barrier task runs. ``getTaskInfos()`` is static scheduling information: unlike
+    ``allGather`` it costs no barrier sync. Its address is the executor's ``host:port``, which tells the
+    ranks that share an executor Spark reports lost."""
+    from .resources import task_gpu_addresses
+
+    index = task_context.partitionId()
+    executor = task_context.getTaskInfos()[index].address
+    gpus = tuple(task_gpu_addresses(task_context)) if use_gpu else ()
+    return TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor)
+
+
+def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[Any]:
     """Rendezvous, run the child, and yield its records: :class:`ResultChunk` (rank 0 only), then one
     :class:`TaskStatus`. ``in_executor``: also pass the rank's output on to this process's own streams (the
     executor log); in local mode the driver shows the relayed lines, and nothing else."""

@@ -288,7 +288,6 @@ def test_cancelling_the_job_group_from_outside_ends_the_run_cleanly(spark_local,
 
 def test_the_spark_ui_names_the_run(spark_local):
     from spark_dist.config import RunConfig
-    from spark_dist.launcher import job_description
 
     config = RunConfig.build(num_processes=2, backend="horovod", run_id="r1")
-    assert job_description(config, 1) == "spark_dist run r1 attempt 1: 2 ranks, horovod"
+    assert config.job_description(1) == "spark_dist run r1 attempt 1: 2 ranks, horovod"
