@@ -3,13 +3,13 @@ from .data import petastorm_compat
 
 petastorm_compat.install()  # before anything imports Petastorm: it needs names new pyarrow and numpy removed
 
-from .context import TrainContext, get_context  # noqa: E402
-from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError  # noqa: E402
+from .context import TrainContext, get_context, log_to_driver  # noqa: E402
+from .errors import ClusterConfigError, ConfigError, RankFailure, RunTimeoutError, TrainingFailedError  # noqa: E402
 from .launcher import Distributor  # noqa: E402
 from .dropins import HorovodRunner, TorchDistributor  # noqa: E402
 
 __all__ = [
-    "Distributor", "TorchDistributor", "HorovodRunner", "get_context", "TrainContext",
-    "TrainingFailedError", "RunTimeoutError", "ConfigError", "RankFailure",
+    "Distributor", "TorchDistributor", "HorovodRunner", "get_context", "TrainContext", "log_to_driver",
+    "TrainingFailedError", "RunTimeoutError", "ConfigError", "ClusterConfigError", "RankFailure",
 ]
 __version__ = "0.1.0"

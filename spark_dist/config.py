@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from .errors import ConfigError
+from .errors import ConfigError, ClusterConfigError
+from .rendezvous import LAYOUTS
 
 # Spark conf keys that spark_dist reads (all optional).
 CONF_CHECKPOINT_DIR = "spark.dist.checkpointDir"
@@ -22,8 +23,10 @@ CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
-RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT,
-                CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT)
+RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, CONF_SLOT_WAIT,
+                CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT,
+                CONF_HOST_LOST_TIMEOUT)
+CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 BACKENDS = ("ddp", "horovod")
 
@@ -61,6 +64,41 @@ def slot_wait_timeout(conf: Mapping[str, str]) -> float:
         ConfigError: the value is not a positive number of seconds.
     """
     return _conf_seconds(conf, CONF_SLOT_WAIT, 30.0)
+
+
+def task_gpu_amount(conf: Mapping[str, str]) -> float:
+    """``spark.task.resource.gpu.amount`` (0 when unset).
+
+    Raises:
+        ConfigError: the value is not a number.
+    """
+    value = conf.get(CONF_TASK_GPUS)
+    if value in (None, ""):
+        return 0.0
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"Spark conf {CONF_TASK_GPUS}={value!r} is not a number") from None
+
+
+def ranks_per_task(conf: Mapping[str, str], num_processes: int) -> int:
+    """How many ranks each Spark task runs: one per GPU of the task (``spark.task.resource.gpu.amount``
+    GPUs, as PySpark 4.2+ and torchrun's one-process-per-GPU convention do), else one.
+
+    Raises:
+        ConfigError: the amount is a fraction above 1; :class:`ClusterConfigError` ``num_processes`` is not a
+            multiple of it.
+    """
+    amount = task_gpu_amount(conf)
+    if amount <= 1:
+        return 1
+    if amount != int(amount):
+        raise ConfigError(f"{CONF_TASK_GPUS}={conf[CONF_TASK_GPUS]!r}: above 1 it must be a whole number of "
+                          "GPUs, one rank each")
+    if num_processes % int(amount):
+        raise ClusterConfigError(f"num_processes ({num_processes}) must be a multiple of '{CONF_TASK_GPUS}' "
+                          f"({int(amount)}) value: each Spark task runs one rank per GPU it holds")
+    return int(amount)
 
 
 def _max_result_bytes(conf: Mapping[str, str]) -> int:
@@ -117,9 +155,16 @@ class RunConfig:
     host_lost_timeout: float = 10.0  # ranks silent this long (no heartbeat) mean their host is lost
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
     max_result_bytes: int = 0  # spark.driver.maxResultSize: the most rank 0's result may be (0: no bound)
+    layout: str = "host"  # what a torchrun "node" is: a host, or a Spark task (PySpark's); see assign_ranks
+    processes_per_task: int = 1  # ranks per Spark task: one per GPU of a multi-GPU task
     ssl_enabled: bool = False
     allow_unencrypted: bool = False
     spark_conf: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_tasks(self) -> int:
+        """The barrier job's task count (local mode: the number of rank processes)."""
+        return self.num_processes // self.processes_per_task
 
     def job_description(self, attempt: int) -> str:
         """What the Spark UI shows for the run's job: run id, attempt, ranks and backend."""
@@ -138,6 +183,7 @@ class RunConfig:
         timeout=None,
         run_id=None,
         checkpoint_dir=None,
+        layout="host",
         spark_conf: Optional[Mapping[str, str]] = None,
         arguments_only: bool = False,
     ) -> "RunConfig":
@@ -145,15 +191,21 @@ class RunConfig:
         constructor does before a session is known).
 
         Raises:
-            ConfigError: naming the argument or conf key that is wrong.
+            ConfigError: naming the argument or conf key that is wrong; :class:`ClusterConfigError`
+                (also a ``RuntimeError``) for GPUs that are not scheduled, ``num_processes`` not a multiple
+                of the GPUs per task, and a cluster that requires encryption.
         """
         conf = dict(spark_conf or {})
-        if isinstance(num_processes, bool) or not isinstance(num_processes, int):
-            raise ConfigError(f"num_processes must be a positive int, got {num_processes!r}")
-        if num_processes <= 0:
-            raise ConfigError(f"num_processes must be >= 1, got {num_processes}")
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes <= 0:
+            # "positive": the word PySpark's message (and code matching it) uses.
+            raise ConfigError(f"num_processes has to be a positive integer, got {num_processes!r}")
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
+        if layout == "task" and backend == "horovod":
+            raise ConfigError("layout='task' cannot run backend='horovod': Horovod's local and cross "
+                              "communicators need every rank of a host in one node; use layout='host'")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}")
         if timeout is not None:
@@ -175,18 +227,23 @@ class RunConfig:
             )
         if arguments_only:
             conf = {}
-        elif not local_mode and use_gpu and not conf.get("spark.task.resource.gpu.amount"):
-            raise ConfigError(
+        elif not local_mode and use_gpu and task_gpu_amount(conf) <= 0:
+            raise ClusterConfigError(
                 "use_gpu=True needs GPU scheduling: set spark.task.resource.gpu.amount (and "
                 "spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"
             )
         ssl_enabled = _conf_bool(conf, "spark.ssl.enabled")
         allow_unencrypted = _conf_bool(conf, CONF_ALLOW_UNENCRYPTED) or _conf_bool(conf, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL)
-        if ssl_enabled and not allow_unencrypted:
-            raise ConfigError(
-                "spark.ssl.enabled is true, but training traffic between ranks (gloo/NCCL/Horovod) is not "
-                f"encrypted. To run anyway, set {CONF_ALLOW_UNENCRYPTED}=true"
+        # Local mode keeps the traffic on the driver's machine: allowed, as PySpark checks only task runs.
+        if ssl_enabled and not allow_unencrypted and not local_mode:
+            raise ClusterConfigError(
+                "spark.ssl.enabled is true, but training traffic between ranks (gloo/NCCL/Horovod) has no "
+                f"encryption. To run anyway, set {CONF_ALLOW_UNENCRYPTED}=true (or "
+                f"{CONF_TORCH_DISTRIBUTOR_IGNORE_SSL}=true, PySpark's key), or use local_mode=True"
             )
+        per_task = 1
+        if use_gpu and not local_mode:
+            per_task = ranks_per_task(conf, num_processes)
         driver_host = conf.get("spark.driver.host") or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
         # Behind NAT or in a Kubernetes client-mode pod the driver advertises one address and binds another,
         # as Spark's own driver does.
@@ -213,5 +270,7 @@ class RunConfig:
             max_result_bytes=0 if local_mode else _max_result_bytes(conf),
             ssl_enabled=ssl_enabled,
             allow_unencrypted=allow_unencrypted,
+            layout=layout,
+            processes_per_task=per_task,
             spark_conf=conf,
         )

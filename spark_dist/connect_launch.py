@@ -66,7 +66,8 @@ class ConnectAttempt:
             run_id=config.run_id, attempt=attempt, store_host="", store_port=0, job_bytes=job_bytes,
             secret=os.urandom(32), use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
-            backend=config.backend, max_result_bytes=config.max_result_bytes)
+            backend=config.backend, max_result_bytes=config.max_result_bytes,
+            processes_per_task=config.processes_per_task)
 
     def run(self) -> Outcome:
         draw = random.SystemRandom()
@@ -80,7 +81,7 @@ class ConnectAttempt:
         return self._outcome(records, error, timed_out)
 
     def _job(self, spec: LaunchSpec, time_left: Optional[float]):
-        n = self.config.num_processes
+        n = self.config.num_tasks
         # The tasks need the run's settings, not the session's whole conf (which may hold credentials).
         config = dataclasses.replace(self.config, spark_conf={})
         task = functools.partial(run_connect_partition, spec, config, time_left)
@@ -171,26 +172,26 @@ def run_connect_partition(spec: LaunchSpec, config: RunConfig, time_left: Option
     store and the coordinator); yield its records as one Arrow batch of pickles."""
     from pyspark import BarrierTaskContext
 
-    from .worker import barrier_task_info, fork_child, serve_rank
+    from .worker import fork_child, serve_task, task_slots
 
     for _ in batches:  # the input rows only made the tasks
         pass
     context = BarrierTaskContext.get()
-    task = barrier_task_info(context, spec.use_gpu)
-    index = task.task_index
+    slots = task_slots(context, spec)
+    index = context.partitionId()
     spec = dataclasses.replace(spec, store_host=context.getTaskInfos()[0].address.rsplit(":", 1)[0])
     if index == 0:
         records = _serve_with_coordinator(spec, config, time_left,
-                                          lambda: serve_rank(spec, task, fork_child, in_executor=True))
+                                          lambda: serve_task(spec, slots, fork_child, in_executor=True))
     else:
         try:
-            records = list(serve_rank(spec, task, fork_child, in_executor=True))
+            records = list(serve_task(spec, slots, fork_child, in_executor=True))
         except Exception as exc:  # noqa: BLE001 -- the first task's store unreachable from here
             # Failing the stage would throw away what the first task saw (it names the tasks that never came
             # as the rendezvous timeout); end this task and let its verdict speak.
-            sys.stderr.write(f"spark_dist: task {index} could not serve its rank through the store at "
+            sys.stderr.write(f"spark_dist: task {index} could not serve its ranks through the store at "
                              f"{spec.store_host}:{spec.store_port}: {exc!r}\n")
-            records = [TaskStatus(index, TaskOutcome.ABORTED)]
+            records = [TaskStatus(slot.task_index, TaskOutcome.ABORTED) for slot in slots]
     yield session.records_batch(records)
 
 

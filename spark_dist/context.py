@@ -12,6 +12,8 @@ CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
 PROGRESS_KEY = "_progress"  # a report holding (epoch, step, steps) of rank 0's loader: the driver's bar
 PROGRESS_EVERY_S = 0.25
+LOG_KEY = "_log"  # a report holding a log_to_driver message
+LOG_MESSAGE_CHARS = 4000  # longer messages are cut, as Databricks' log_to_driver does
 
 
 @dataclass
@@ -131,3 +133,14 @@ def get_context() -> TrainContext:
 def _set_context(ctx: Optional[TrainContext]) -> None:
     global _current
     _current = ctx
+
+
+def log_to_driver(message) -> None:
+    """Print ``message`` in the driver's output (a notebook cell), whatever ``log_ranks`` or
+    ``driver_log_verbosity`` says: Databricks' ``sparkdl.horovod.log_to_driver``. Messages over 4000
+    characters are cut there. Outside a run it prints here."""
+    text = str(message)[:LOG_MESSAGE_CHARS]
+    if _current is None or _current._reporter is None:
+        print(text, flush=True)
+        return
+    _current._reporter({**_current._report_head(), LOG_KEY: text})

@@ -128,7 +128,7 @@ class Coordinator:
         return bool(self.lost_ranks)
 
     def _assign(self, tasks: List[TaskInfo]) -> None:
-        ranks = assign_ranks(tasks)
+        ranks = assign_ranks(tasks, self.config.layout)
         self.tasks, self.ranks = tasks, ranks
         extra = self.backend.start(ranks, self.host, self.config.run_id, bind_address=self.bind_address)
         envs = tuple({**torchrun_env(r, self.spec.store_host, self.spec.store_port, self.spec.attempt,

@@ -1,58 +1,151 @@
 """Drop-in replacements: moving from PySpark's TorchDistributor or Databricks' HorovodRunner is one
-changed import."""
+changed import. Each keeps its original's signature, defaults, public attributes and errors (tested side by
+side with PySpark's in ``tests/test_pyspark_parity.py``); underneath is spark_dist's launcher."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+import logging
+from typing import Any, Dict
 
-from .errors import ConfigError
+from . import session
+from .config import CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, RunConfig, ranks_per_task, task_gpu_amount
+from .errors import ClusterConfigError, ConfigError
 from .launcher import Distributor
 
 
-class TorchDistributor(Distributor):
-    """PySpark's ``pyspark.ml.torch.distributor.TorchDistributor``, same arguments and defaults.
+def _argument(name: str) -> property:
+    """A public attribute backed by the run arguments: PySpark code reads and sets these on the instance."""
+    return property(lambda self: self._args[name], lambda self, value: self._args.__setitem__(name, value),
+                    doc=f"The ``{name}`` the next ``run`` uses.")
 
-    ``run(train_object, *args, **kwargs)`` runs a function (returns rank 0's value) or a ``.py`` path with
-    its command-line arguments (returns ``None``), as PySpark's does; underneath it is spark_dist's launcher.
+
+class TorchDistributor(Distributor):
+    """PySpark's ``pyspark.ml.torch.distributor.TorchDistributor``: same arguments, defaults, attributes
+    (``num_processes``, ``local_mode``, ``use_gpu``, ``num_tasks``, ``ssl_conf``, ``spark``, ``input_params``)
+    and rank layout: each Spark task is a torchrun node (``LOCAL_RANK`` 0, ``NODE_RANK`` = its task index,
+    ``CUDA_VISIBLE_DEVICES`` = the task's own GPUs; with ``spark.task.resource.gpu.amount`` = k > 1 a task runs
+    k ranks, as PySpark 4.2+ does), and ``CUDA_VISIBLE_DEVICES=""`` with ``use_gpu=False``.
+
+    ``run(train_object, *args, **kwargs)`` runs a function with ``args`` and *every* keyword argument
+    (returns rank 0's value) or a ``.py`` path with its command-line arguments (returns ``None``).
+    spark_dist's datasets: :meth:`run_with_datasets`. Further :class:`~spark_dist.Distributor` options
+    (``max_retries``, ``timeout``, ``log_ranks``, ...) may be passed as keywords after PySpark's.
 
     Raises:
-        ConfigError: as :class:`~spark_dist.Distributor`.
+        ClusterConfigError: (a ``RuntimeError``, as PySpark's) ``use_gpu=True`` without GPU scheduling
+            (``spark.task.resource.gpu.amount`` unset; no GPUs on the driver in local mode), or
+            ``num_processes`` not a multiple of the GPUs per task.
+        ConfigError: (a ``ValueError``, as PySpark's) ``num_processes`` is not a positive integer, or another
+            bad argument.
     """
 
-    def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True, **options: Any):
+    num_processes = _argument("num_processes")
+    local_mode = _argument("local_mode")
+    use_gpu = _argument("use_gpu")
+
+    def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
+                 _ssl_conf: str = CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, **options: Any):
         super().__init__(num_processes=num_processes, backend="ddp", local_mode=local_mode, use_gpu=use_gpu,
-                         **options)
+                         layout="task", **options)
+        self.logger = logging.getLogger(type(self).__name__)
+        self.ssl_conf = _ssl_conf
+        self.spark = self._session()
+        self.is_remote = self.spark is not None and session.is_connect(self.spark)
+        self.is_spark_local_master = self.spark is not None and session.is_local_master(self.spark)
+        self.num_tasks = self._get_num_tasks()
+        self.input_params: Dict[str, Any] = dict(num_processes=self.num_processes, local_mode=self.local_mode,
+                                                 use_gpu=self.use_gpu, num_tasks=self.num_tasks)
+
+    def _get_num_tasks(self) -> int:
+        """PySpark's check of the GPU set-up, in the constructor: the Spark tasks a run takes.
+
+        Raises:
+            ClusterConfigError: as the class says.
+        """
+        if not self.use_gpu:
+            return self.num_processes
+        conf = session.conf_snapshot(self.spark, ()) if self.spark is not None else {}
+        if not self.local_mode:
+            if task_gpu_amount(conf) <= 0:
+                raise ClusterConfigError("'spark.task.resource.gpu.amount' was unset, so gpu usage is "
+                                         "unavailable: set it (with spark.executor.resource.gpu.amount and a "
+                                         "discovery script), or pass use_gpu=False")
+            return self.num_processes // ranks_per_task(conf, self.num_processes)
+        available = _driver_gpu_count(self.spark)
+        if not available:
+            raise ClusterConfigError("GPUs were unable to be found on the driver: pass use_gpu=False, or give "
+                                     "the driver GPUs (spark.driver.resource.gpu.amount)")
+        if self.num_processes > available:
+            self.logger.warning("'num_processes' cannot be set to a value greater than the number of available "
+                                "GPUs on the driver, which is %d. 'num_processes' was reset to be equal to the "
+                                "number of available GPUs.", available)
+            self.num_processes = available
+        return self.num_processes
+
+    def run(self, train_object, *args, **kwargs):
+        """Run ``train_object(*args, **kwargs)`` (every keyword, ``datasets`` too, goes to the function) or the
+        script ``train_object`` with command-line ``args``; return rank 0's value (``None`` for a script).
+
+        Raises:
+            ConfigError, TrainingFailedError, RunTimeoutError: as :meth:`spark_dist.Distributor.run`.
+        """
+        return self._run(train_object, args, kwargs, None)
+
+    def run_with_datasets(self, datasets: Dict[str, Any], train_object, /, *args, **kwargs):
+        """:meth:`run` with spark_dist's datasets: each DataFrame of ``datasets`` is read by the ranks through
+        ``get_context().loader(name, ...)`` (see :meth:`spark_dist.Distributor.run`). A method of its own so
+        that no keyword of the user's function is taken.
+
+        Raises:
+            ConfigError, DatasetError, TrainingFailedError, RunTimeoutError: as :meth:`spark_dist.Distributor.run`.
+        """
+        return self._run(train_object, args, kwargs, datasets)
+
+
+def _driver_gpu_count(spark) -> int:
+    """GPUs the driver has: Spark's driver resources (``spark.driver.resource.gpu.*``), as PySpark counts
+    them; without a session, CUDA's own count."""
+    if spark is None:
+        import torch
+
+        return torch.cuda.device_count()
+    gpus = session.driver_resources(spark).get("gpu")
+    return len(gpus.addresses) if gpus is not None else 0
 
 
 class HorovodRunner(Distributor):
-    """Databricks' ``sparkdl.HorovodRunner`` on spark_dist's Horovod backend.
+    """Databricks' ``sparkdl.HorovodRunner`` on spark_dist's Horovod backend, with its signature.
 
     Args:
         np: ``np > 0``: np Spark tasks (waits for that many task slots, fails when the cluster has fewer);
             ``np < 0``: -np processes on the driver, no Spark job; ``np == 0``: one task per task slot of
             the cluster, counted when ``run`` is called.
-        driver_log_verbosity: ``"all"`` prints every ``ctx.report`` and a summary on the driver;
-            ``"log_callback_only"`` keeps the driver quiet (reports stay in ``history``).
-        options: further :class:`~spark_dist.Distributor` arguments (``timeout``, ``max_retries``, ...).
+        driver_log_verbosity: ``"log_callback_only"`` (the default, as Databricks'): the driver shows only
+            what the ranks send with :func:`spark_dist.log_to_driver`; ``"all"``: it also shows every line the
+            ranks print (prefixed ``[rank N]``), their ``ctx.report`` metrics and a summary. With ``np < 0`` the
+            ranks' output always shows, as on Databricks.
 
-    ``run(main, **kwargs)`` calls ``main(**kwargs)`` on every rank and returns rank 0's value.
+    ``run(main, **kwargs)`` calls ``main(**kwargs)`` on every rank and returns rank 0's value. For retries,
+    timeouts or datasets use ``Distributor(backend="horovod")``.
 
     Raises:
         ConfigError: ``np`` is not an int, or ``driver_log_verbosity`` is not one of the two values.
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "all", **options: Any):
+    def __init__(self, *, np, driver_log_verbosity="log_callback_only"):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ConfigError(f"np must be an int (np > 0: Spark tasks, np < 0: processes on the driver, "
                               f"np == 0: every task slot), got {np!r}")
         if driver_log_verbosity not in ("all", "log_callback_only"):
             raise ConfigError(f"driver_log_verbosity must be 'all' or 'log_callback_only', "
                               f"got {driver_log_verbosity!r}")
+        self.num_processor = np  # Databricks' attribute name
         self.np = np
         self.driver_log_verbosity = driver_log_verbosity
-        options.setdefault("verbose", driver_log_verbosity == "all")
+        everything = driver_log_verbosity == "all"
         # np == 0 is resolved against the cluster in run(); 1 only passes the argument check here.
-        super().__init__(num_processes=abs(np) or 1, backend="horovod", local_mode=np < 0, **options)
+        super().__init__(num_processes=abs(np) or 1, backend="horovod", local_mode=np < 0, verbose=everything,
+                         log_ranks="all" if everything or np < 0 else "none")
 
     def run(self, main, **kwargs):
         """Run ``main(**kwargs)`` on every rank; return rank 0's value.
@@ -61,16 +154,10 @@ class HorovodRunner(Distributor):
             ConfigError, TrainingFailedError, RunTimeoutError: as :meth:`spark_dist.Distributor.run`.
         """
         if self.np == 0:
-            from . import session
-
             slots = session.task_slots(self._session())
             if slots is None:
                 raise ConfigError("np=0 runs one process per task slot, but this Spark Connect session cannot "
                                   "tell the slot count (no spark.executor.instances and spark.executor.cores in "
                                   "its conf): pass np > 0")
             self._args["num_processes"] = max(slots, 1)
-        # Every keyword belongs to main (Databricks' contract), ``datasets`` included: bind them here so
-        # Distributor.run sees none of them. Keeping main's module lets it be pickled by value as usual.
-        bound = functools.partial(main, **kwargs)
-        bound.__module__ = getattr(main, "__module__", None)
-        return super().run(bound)
+        return self._run(main, (), kwargs, None)

@@ -30,6 +30,13 @@ class ConfigError(ValueError):
     parameter or Spark conf key to change."""
 
 
+class ClusterConfigError(ConfigError, RuntimeError):
+    """The run does not fit how the cluster is set up: GPUs that are not scheduled (no
+    ``spark.task.resource.gpu.amount``, none on the driver), ``num_processes`` not a multiple of the GPUs per
+    task, or an unencrypted run on a cluster that requires encryption. Also a ``RuntimeError``, which PySpark's
+    TorchDistributor raises for these and code catches (to fall back to the CPU, say)."""
+
+
 class BackendUnavailableError(ConfigError):
     """The chosen backend cannot be used here (for example Horovod is not installed)."""
 

@@ -20,7 +20,7 @@ from . import output, session, tracking
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
-from .context import PROGRESS_KEY, REPORT_KEYS
+from .context import LOG_KEY, PROGRESS_KEY, REPORT_KEYS
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
 from .connect_launch import ConnectAttempt
@@ -36,7 +36,8 @@ class Distributor:
     """Runs a training function or script on ``num_processes`` ranks of a Spark cluster.
 
     Args:
-        num_processes: ranks to run; with ``use_gpu`` one per GPU task slot.
+        num_processes: ranks to run; with ``use_gpu`` one per GPU: a task of k GPUs
+            (``spark.task.resource.gpu.amount`` = k) runs k ranks, so ``num_processes`` must be a multiple of k.
         backend: ``"ddp"`` (PyTorch DDP; call ``init_process_group()`` in your function) or ``"horovod"``.
         local_mode: run the ranks as processes on the driver instead of Spark tasks.
         use_gpu: one GPU per rank (``spark.task.resource.gpu.amount`` per task); NCCL is then the backend
@@ -51,6 +52,13 @@ class Distributor:
         log_ranks: which ranks' printed lines (stdout, stderr, ``logging``) appear on the driver's
             ``sys.stdout`` / ``sys.stderr``, each prefixed ``[rank N] ``: ``"all"``, ``"rank0"`` or ``"none"``
             (default: ``"all"`` when ``verbose``, else ``"none"``). They stay in the executor logs as well.
+        layout: what a node is for the torchrun variables (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+            ``GROUP_RANK``/``NODE_RANK``, ``CUDA_VISIBLE_DEVICES``): ``"host"`` (the default) numbers the ranks
+            of a machine 0, 1, ... as torchrun on that machine would; ``"task"`` makes each Spark task a node,
+            as PySpark's TorchDistributor does (``LOCAL_RANK`` 0 for one-GPU tasks), which recipes written for
+            it expect (Lightning's ``Trainer(devices=1, num_nodes=num_processes)``). Either way
+            ``cuda:LOCAL_RANK`` is the rank's own GPU, and with ``use_gpu=False`` the ranks see no GPU
+            (``CUDA_VISIBLE_DEVICES=""``).
 
     Raises:
         ConfigError: a bad argument (raised here or by ``run`` before any Spark job), naming it.
@@ -59,9 +67,10 @@ class Distributor:
     def __init__(self, num_processes: int = 1, backend: str = "ddp", local_mode: bool = False,
                  use_gpu: bool = False, max_retries: int = 0, timeout: Optional[float] = None, *,
                  checkpoint_dir: Optional[str] = None, run_id: Optional[str] = None, verbose: bool = True,
-                 log_ranks: Optional[str] = None, spark=None):
+                 log_ranks: Optional[str] = None, layout: str = "host", spark=None):
         self._args = dict(num_processes=num_processes, backend=backend, local_mode=local_mode, use_gpu=use_gpu,
-                          max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir)
+                          max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir,
+                          layout=layout)
         RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
         self.verbose = verbose
         self._bar = output.ProgressBar()
@@ -87,6 +96,9 @@ class Distributor:
                 rank and host and carries that rank's exception type, message and traceback.
             RunTimeoutError: the run took longer than ``timeout``.
         """
+        return self._run(train_object, args, kwargs, datasets)
+
+    def _run(self, train_object, args, kwargs, datasets: Optional[Dict[str, Any]]):
         spark = self._session()
         conf = _spark_conf(spark)
         remote = session.is_connect(spark)
@@ -173,8 +185,8 @@ class Distributor:
         if not config.local_mode:
             from .resources import wait_for_slots
 
-            wait_for_slots(spark, config.num_processes,
-                           config.slot_wait_timeout if timeout is None else timeout, config.use_gpu)
+            wait_for_slots(spark, config.num_tasks, config.slot_wait_timeout if timeout is None else timeout,
+                           config.use_gpu, config.processes_per_task)
 
     def _wait_to_retry(self, config: RunConfig, spark, failures: List[RankFailure], attempt: int,
                        started: float) -> None:
@@ -207,6 +219,9 @@ class Distributor:
         return SparkSession.builder.getOrCreate()
 
     def _on_report(self, record: Dict[str, Any]) -> None:
+        if LOG_KEY in record:  # log_to_driver: shown whatever the verbosity, kept nowhere
+            print(record[LOG_KEY], flush=True)
+            return
         if "input_wait_seconds" in record:  # the rank's input statistics, shown in the summary
             self.input_stats.append(record)
             return
@@ -374,6 +389,7 @@ class _Attempt:
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
             backend=config.backend, max_result_bytes=config.max_result_bytes,
+            processes_per_task=config.processes_per_task,
         )
         self._store_server = None
         self.records: List[Any] = []
@@ -427,7 +443,7 @@ class _Attempt:
             else:
                 sc = self.spark.sparkContext
                 sc.setJobGroup(self.group, self.config.job_description(self.attempt), True)
-                n = self.config.num_processes
+                n = self.config.num_tasks
                 rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
                     functools.partial(run_barrier_partition, self.spec))
                 self.records.extend(rdd.collect())
@@ -445,7 +461,8 @@ class _Attempt:
 
         def serve(i):
             try:
-                task = TaskInfo(i, self.config.driver_host, (gpus[i],) if gpus[i] is not None else ())
+                # The driver is one node whatever the layout (PySpark runs torchrun --nnodes=1 there).
+                task = TaskInfo(i, self.config.driver_host, (gpus[i],) if gpus[i] is not None else (), "", 0)
                 self.records.extend(serve_rank(self.spec, task, spawn_child))
             except BaseException as exc:
                 errors.append(exc)

@@ -160,7 +160,10 @@ def lost_task_failures(seen: Seen) -> List[RankFailure]:
     details = dict(exc_type=seen.job_error.type_name, traceback=text[-4000:])
     task = _BARRIER_TASK.search(text)
     failed = int(task.group(1)) if task else None
-    if failed is None or failed >= len(seen.ranks):
+    # The failed Spark task's process slots (one, or one per GPU of a multi-GPU task).
+    slots = [] if failed is None else [i for i, t in enumerate(seen.tasks[:len(seen.ranks)])
+                                       if t.partition == failed]
+    if not slots:
         # No rank known for it (under Spark Connect the task-to-rank map is the first task's, gone with the
         # stage): name the barrier task, and its executor when Spark does.
         executor = re.search(r"\(executor (\S+?)[ )]", text)
@@ -168,14 +171,15 @@ def lost_task_failures(seen: Seen) -> List[RankFailure]:
         which = f" (barrier task {failed})" if failed is not None else ""
         return [RankFailure(None, where, "lost", f"its Spark task{which} failed: {reason[:500]}", seq=1,
                             time=seen.now, **details)]
-    executor = seen.tasks[failed].executor if failed < len(seen.tasks) else ""
+    executor = seen.tasks[slots[0]].executor
     if executor and lost and lost.group(1).startswith("ExecutorLostFailure"):
         # Every task of a lost executor died with it; Spark names only the one that failed the stage.
-        same = [i for i, t in enumerate(seen.tasks) if t.executor == executor]
-        return [_rank_failure(seen, seen.ranks[i].rank, f"its executor {executor} was lost: {reason[:500]}",
-                              seq=n + 1, **details)
-                for n, i in enumerate(sorted(same, key=lambda i: seen.ranks[i].rank))]
-    return [_rank_failure(seen, seen.ranks[failed].rank, f"its Spark task failed: {reason[:500]}", seq=1, **details)]
+        slots = [i for i, t in enumerate(seen.tasks) if t.executor == executor]
+        what = f"its executor {executor} was lost"
+    else:
+        what = "its Spark task failed"
+    return [_rank_failure(seen, seen.ranks[i].rank, f"{what}: {reason[:500]}", seq=n + 1, **details)
+            for n, i in enumerate(sorted(slots, key=lambda i: seen.ranks[i].rank))]
 
 
 # -- retry rules --------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ One attempt speaks through the attempt's signed store (see :mod:`spark_dist.rend
 ========================  =====================  ==============================================================
 key                       written by             holds
 ========================  =====================  ==============================================================
-``task/<index>``          each task              its :class:`~spark_dist.rendezvous.TaskInfo` (where it runs)
-``assignment``            the driver             the :class:`Assignment`: every task's rank and environment
+``task/<index>``          each task              its slots' :class:`~spark_dist.rendezvous.TaskInfo` (where they run)
+``assignment``            the driver             the :class:`Assignment`: every slot's rank and environment
 ``abort``                 anyone                 an :class:`Abort` reason: every supervisor stops its rank
 ``failure_seq``           a failed rank          a counter: the number of the next failure
 ``failure/<n>``           a failed rank          its :class:`~spark_dist.errors.RankFailure`
@@ -18,6 +18,8 @@ key                       written by             holds
 ========================  =====================  ==============================================================
 
 and each task's Spark records (what ``collect()`` returns) are :class:`ResultChunk` and :class:`TaskStatus`.
+"Task" in these keys and records means a process slot, one rank: a Spark task holding k GPUs serves k of them
+(:attr:`LaunchSpec.processes_per_task`), numbered ``spark_task * k + position``.
 """
 from __future__ import annotations
 
@@ -120,6 +122,7 @@ class LaunchSpec:
     collective_timeout: Optional[float] = None
     backend: str = "ddp"
     max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
+    processes_per_task: int = 1  # ranks each Spark task runs (one per GPU of a multi-GPU task)
 
     @property
     def prefix(self) -> str:
@@ -128,7 +131,8 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class Assignment:
-    """The driver's answer to the tasks: each task's rank and environment, by task index."""
+    """The driver's answer to the tasks: each process slot's rank and environment, by slot index
+    (:attr:`~spark_dist.rendezvous.TaskInfo.task_index`)."""
 
     ranks: Tuple[RankInfo, ...]
     envs: Tuple[Dict[str, str], ...]

@@ -19,14 +19,25 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .resources import visible_devices
 
 
+LAYOUTS = ("host", "task")
+
+
 @dataclass(frozen=True)
 class TaskInfo:
-    """What a barrier task knows about itself before ranks exist."""
+    """What one process slot knows about itself before ranks exist. A Spark task runs one slot, or one
+    per GPU when it holds several (``spark.task.resource.gpu.amount`` > 1); ``task_index`` numbers the slots
+    of the run (``spark_task * processes_per_task + position``), ``spark_task`` the Spark task (partition)
+    that runs it (0 for every slot in local mode: the driver is one node)."""
 
     task_index: int
     host: str
-    gpus: Tuple[str, ...] = ()
+    gpus: Tuple[str, ...] = ()  # this slot's GPU addresses
     executor: str = ""  # the executor's host:port on Spark (unique per executor); "" in local mode
+    spark_task: int = -1  # -1: the same as task_index (one slot per Spark task)
+
+    @property
+    def partition(self) -> int:
+        return self.task_index if self.spark_task < 0 else self.spark_task
 
 
 @dataclass(frozen=True)
@@ -46,40 +57,45 @@ class RankInfo:
     cross_size: int = 1
 
 
-def assign_ranks(tasks: Sequence[TaskInfo]) -> List[RankInfo]:
-    """Ranks for ``tasks``, returned in the order of ``tasks``.
+def assign_ranks(tasks: Sequence[TaskInfo], layout: str = "host") -> List[RankInfo]:
+    """Ranks for ``tasks`` (process slots), returned in the order of ``tasks``.
 
-    Hosts are numbered by the lowest task index they hold (so task 0's host is node 0); ranks run host by
-    host; within a host, tasks are ordered by their first GPU id, then task index. Local ranks are positions
-    within the host; ``cross_rank`` is the node index among hosts that have that local rank (Horovod's)."""
-    by_host: Dict[str, List[TaskInfo]] = {}
+    A *node* is what torchrun calls one: the slots that share ``LOCAL_RANK`` numbering and a
+    ``CUDA_VISIBLE_DEVICES`` list. ``layout="host"`` makes each host a node (its slots get local ranks 0, 1,
+    ... ordered by first GPU id, then slot index); ``layout="task"`` makes each Spark task a node, as PySpark's
+    TorchDistributor does (``LOCAL_RANK`` 0 for a one-GPU task; 0..k-1 for a task of k GPUs). Nodes are
+    numbered by their lowest slot index, so slot 0's node is node 0, and ranks run node by node. Either way
+    ``CUDA_VISIBLE_DEVICES`` lists the node's GPUs in local-rank order, so ``cuda:LOCAL_RANK`` is each rank's
+    own GPU. ``cross_rank`` is the node index among nodes that have that local rank (Horovod's)."""
+    by_node: Dict[object, List[TaskInfo]] = {}
     for task in sorted(tasks, key=lambda t: t.task_index):
-        by_host.setdefault(task.host, []).append(task)
+        by_node.setdefault(task.host if layout == "host" else task.partition, []).append(task)
 
     def gpu_key(task: TaskInfo):
         first = task.gpus[0] if task.gpus else ""
         return (0, int(first), task.task_index) if first.isdigit() else (1, first, task.task_index)
 
-    hosts = list(by_host)  # insertion order = order of each host's lowest task index
+    nodes = list(by_node)  # insertion order = order of each node's lowest slot index
     world_size = len(tasks)
     result: Dict[int, RankInfo] = {}
     rank = 0
-    for node_rank, host in enumerate(hosts):
-        local = sorted(by_host[host], key=gpu_key)
+    for node_rank, node in enumerate(nodes):
+        # Within a Spark task, the slots keep the order of the task's GPUs as Spark lists them (PySpark's).
+        local = by_node[node] if layout == "task" else sorted(by_node[node], key=gpu_key)
         visible = visible_devices([t.gpus for t in local])
         for local_rank, task in enumerate(local):
-            holders = [h for h in hosts if len(by_host[h]) > local_rank]
+            holders = [n for n in nodes if len(by_node[n]) > local_rank]
             result[task.task_index] = RankInfo(
                 rank=rank,
                 local_rank=local_rank,
                 world_size=world_size,
                 local_world_size=len(local),
                 node_rank=node_rank,
-                num_nodes=len(hosts),
-                host=host,
+                num_nodes=len(nodes),
+                host=task.host,
                 gpus=tuple(task.gpus),
                 cuda_visible_devices=visible,
-                cross_rank=holders.index(host),
+                cross_rank=holders.index(node),
                 cross_size=len(holders),
             )
             rank += 1

@@ -6,17 +6,18 @@ import time
 from typing import List, Optional, Sequence
 
 from . import session
-from .errors import ConfigError
+from .errors import ConfigError, ClusterConfigError
 
 
-def wait_for_slots(spark, needed: int, timeout: float, use_gpu: bool) -> Optional[int]:
+def wait_for_slots(spark, needed: int, timeout: float, use_gpu: bool, ranks_per_task: int = 1) -> Optional[int]:
     """Return the slot count once it reaches ``needed``; executors may still be registering, so wait up
     to ``timeout`` seconds rather than fail at once (not on a ``local[N]`` master, whose slots are all there
     from the start), but never Spark's own 10-minute barrier wait. ``None`` (at once) where the count is
     unknown: under Spark Connect without the conf that tells it (see :func:`spark_dist.session.task_slots`).
 
     Raises:
-        ConfigError: the cluster has fewer slots than ``num_processes`` after ``timeout`` seconds.
+        ConfigError: the cluster has fewer slots than ``needed`` (the run's tasks, of ``ranks_per_task`` ranks
+            each) after ``timeout`` seconds.
     """
     # A local[N] master has all its slots from the start: waiting would only delay the error.
     deadline = time.monotonic() + (0 if session.is_local_master(spark) else timeout)
@@ -27,9 +28,11 @@ def wait_for_slots(spark, needed: int, timeout: float, use_gpu: bool) -> Optiona
         time.sleep(0.25)
         slots = session.task_slots(spark)
     if slots < needed:
+        tasks = f" ({needed} tasks of {ranks_per_task} GPUs)" if ranks_per_task > 1 else ""
         unit = "GPU task slots (spark.task.resource.gpu.amount per task)" if use_gpu else "task slots"
         raise ConfigError(
-            f"num_processes={needed} but the cluster has {slots} {unit} (master {session.master(spark)}): lower "
+            f"num_processes={needed * ranks_per_task}{tasks} but the cluster has {slots} {unit} (master "
+            f"{session.master(spark)}): lower "
             "num_processes, add executors or cores, or raise spark.dist.slotWaitTimeout if executors are "
             "still starting"
         )
@@ -56,13 +59,13 @@ def local_gpu_addresses(count: int) -> List[str]:
     """GPUs for ``count`` processes on the driver (local mode).
 
     Raises:
-        ConfigError: fewer CUDA devices than processes.
+        ClusterConfigError: fewer CUDA devices than processes.
     """
     import torch
 
     available = torch.cuda.device_count()
     if available < count:
-        raise ConfigError(
+        raise ClusterConfigError(
             f"use_gpu=True with local_mode=True needs {count} GPUs on the driver, found {available}: "
             "lower num_processes or pass use_gpu=False"
         )

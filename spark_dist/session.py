@@ -63,6 +63,14 @@ def app_id(spark) -> str:
     return spark.conf.get("spark.app.id") if is_connect(spark) else spark.sparkContext.applicationId
 
 
+def driver_resources(spark) -> Dict[str, Any]:
+    """The driver's Spark resources (``spark.driver.resource.*``: name -> ResourceInformation), as PySpark's
+    TorchDistributor reads them; under Connect the server's driver's."""
+    if is_connect(spark):
+        return dict(spark._client._resources())
+    return dict(spark.sparkContext.resources)
+
+
 def is_local_master(spark) -> bool:
     name = master(spark)
     return name == "local" or name.startswith("local[")

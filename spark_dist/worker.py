@@ -1,7 +1,8 @@
-"""The task side of a run: one barrier task (or one local-mode thread) serves one rank.
+"""The task side of a run: one barrier task (or one local-mode thread) serves its ranks: one, or one per GPU
+of a multi-GPU task.
 
-The task joins the driver's store, publishes where it runs, reads its rank, then runs the training code in
-a child process and supervises it. Spark tasks *fork* the child from the reused Python worker, where
+The task joins the driver's store, publishes where it runs, reads its ranks, then runs the training code in
+a child process per rank and supervises them. Spark tasks *fork* the child from the reused Python worker, where
 torch is already imported (a fresh ``import torch`` costs ~1.65 s; a worker that has initialised CUDA spawns
 instead); local mode spawns a fresh interpreter.
 The child is its own process group, dies with its parent (PR_SET_PDEATHSIG) and is killed by the supervisor
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from . import output, tempdirs
 from .errors import RankFailure
@@ -41,51 +42,101 @@ def signed_store(spec: LaunchSpec) -> SignedStore:
 # Spark task entry
 # --------------------------------------------------------------------------------------------------------
 def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[Any]:
-    """``mapPartitions`` function of the barrier stage: serve the rank of this task, yield its records."""
+    """``mapPartitions`` function of the barrier stage: serve the ranks of this task, yield their records."""
     from pyspark import BarrierTaskContext
 
-    yield from serve_rank(spec, barrier_task_info(BarrierTaskContext.get(), spec.use_gpu), fork_child,
-                          in_executor=True)
+    yield from serve_task(spec, task_slots(BarrierTaskContext.get(), spec), fork_child, in_executor=True)
 
 
-def barrier_task_info(task_context, use_gpu: bool) -> TaskInfo:
-    """Where this barrier task runs. ``getTaskInfos()`` is static scheduling information: unlike
-    ``allGather`` it costs no barrier sync. Its address is the executor's ``host:port``, which tells the
-    ranks that share an executor Spark reports lost."""
+def task_slots(task_context, spec: LaunchSpec) -> List[TaskInfo]:
+    """The process slots of this barrier task: one, or one per GPU when the task holds several
+    (``spec.processes_per_task``). ``getTaskInfos()`` is static scheduling information: unlike ``allGather``
+    it costs no barrier sync. Its address is the executor's ``host:port``, which tells the ranks that share an
+    executor Spark reports lost."""
     from .resources import task_gpu_addresses
 
-    index = task_context.partitionId()
-    executor = task_context.getTaskInfos()[index].address
-    gpus = tuple(task_gpu_addresses(task_context)) if use_gpu else ()
-    return TaskInfo(index, executor.rsplit(":", 1)[0], gpus, executor)
+    partition = task_context.partitionId()
+    executor = task_context.getTaskInfos()[partition].address
+    host = executor.rsplit(":", 1)[0]
+    gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
+    k = spec.processes_per_task
+    if k == 1:
+        return [TaskInfo(partition, host, gpus, executor, partition)]
+    if len(gpus) < k:
+        raise RuntimeError(f"spark_dist: this task holds GPUs {list(gpus)} but runs {k} ranks, one per GPU "
+                           "(spark.task.resource.gpu.amount): check the executors' GPU discovery script")
+    return [TaskInfo(partition * k + j, host, (gpus[j],), executor, partition) for j in range(k)]
 
 
-def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[Any]:
-    """Rendezvous, run the child, and yield its records: :class:`ResultChunk` (rank 0 only), then one
-    :class:`TaskStatus`. ``in_executor``: also pass the rank's output on to this process's own streams (the
-    executor log); in local mode the driver shows the relayed lines, and nothing else."""
+def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor: bool = False) -> Iterator[Any]:
+    """Rendezvous, run a child per slot, and yield their records: :class:`ResultChunk` (rank 0 only), then
+    one :class:`TaskStatus` per slot. ``in_executor``: also pass the ranks' output on to this process's own
+    streams (the executor log); in local mode the driver shows the relayed lines, and nothing else."""
     store = signed_store(spec)
-    store.put(task_key(task.task_index), task)
+    for slot in slots:
+        store.put(task_key(slot.task_index), slot)
     # The driver declares the rendezvous timeout (and names the tasks that never came); this wait is only a
     # backstop should the driver be gone, so it must not win the race against the driver's abort.
     assignment = store.wait_for(ASSIGNMENT, spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S, abort=ABORT)
     if assignment is None:
-        yield TaskStatus(task.task_index, TaskOutcome.ABORTED)
+        for slot in slots:
+            yield TaskStatus(slot.task_index, TaskOutcome.ABORTED)
         return
-    rank = assignment.ranks[task.task_index]
-    env = _with_gloo_interface(assignment.envs[task.task_index], task.host)
     _preload(spec.backend)
-    workdir = tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}")
+    started = []  # (slot, rank, child, workdir)
+    supervised = False
     try:
-        child = start_child(spec, rank, env, workdir)
-        outcome = _supervise(child, store, spec, rank, workdir, in_executor)
-        if outcome is TaskOutcome.OK and rank.rank == 0:
-            result = _read_file(os.path.join(workdir, "result.pkl"))
-            for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
-                yield ResultChunk(task.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
-        yield TaskStatus(task.task_index, outcome)
+        # Every child starts before any supervisor thread does: a fork while another thread holds a lock
+        # (a stream's, the logging module's) would leave that lock held forever in the child.
+        for slot in slots:
+            rank = assignment.ranks[slot.task_index]
+            env = _with_gloo_interface(assignment.envs[slot.task_index], slot.host)
+            workdir = tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}")
+            started.append((slot, rank, start_child(spec, rank, env, workdir), workdir))
+        outcomes = _supervise_all(started, store, spec, in_executor)
+        supervised = True
+        for (slot, rank, _, workdir), outcome in zip(started, outcomes):
+            if outcome is TaskOutcome.OK and rank.rank == 0:
+                result = _read_file(os.path.join(workdir, "result.pkl"))
+                for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
+                    yield ResultChunk(slot.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
+            yield TaskStatus(slot.task_index, outcome)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        for _, _, child, workdir in started:
+            if not supervised:  # a sibling's start failed: the children already running end here
+                child.kill()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[Any]:
+    """:func:`serve_task` for a task of one slot."""
+    return serve_task(spec, [task], start_child, in_executor)
+
+
+def _supervise_all(started, store: SignedStore, spec: LaunchSpec, in_executor: bool) -> List[TaskOutcome]:
+    """Supervise the task's children together (one thread each beyond the first, each with its own store
+    connection); their outcomes in order."""
+    if len(started) == 1:
+        _, rank, child, workdir = started[0]
+        return [_supervise(child, store, spec, rank, workdir, in_executor)]
+    outcomes: List[Any] = [None] * len(started)
+
+    def supervise(i):
+        _, rank, child, workdir = started[i]
+        try:
+            outcomes[i] = _supervise(child, signed_store(spec), spec, rank, workdir, in_executor)
+        except BaseException as exc:  # noqa: BLE001 -- re-raised below, in the task's own thread
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=supervise, args=(i,), daemon=True) for i in range(len(started))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
 
 
 def _preload(backend: str) -> None:

@@ -23,6 +23,7 @@ SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL, LOCAL_CLUSTER, STANDALONE, TWO_HOSTS = "local", "local_cluster", "standalone", "two_hosts"
 SHARED_EXECUTORS = "shared_executors"  # local-cluster, two executors of two cores: ranks share an executor
+MULTI_GPU_TASKS = "multi_gpu_tasks"  # local-cluster, two executors of 1 core and 2 fake GPUs; 2 GPUs per task
 # Spark Connect servers (tests/connect_server.py), in front of local[2] or of the standalone cluster.
 CONNECT_LOCAL, CONNECT_STANDALONE = "connect_local", "connect_standalone"
 # Every process this test session starts inherits this variable (JVMs pass their environment on to
@@ -31,7 +32,7 @@ SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
 # Processes that must not outlive a test run.
 SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py")
 
-N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, SHARED_EXECUTORS: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
+N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, SHARED_EXECUTORS: 2, MULTI_GPU_TASKS: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
 
 
 # Every test session's conf (the Connect server's too): loopback only, small, quick to give up.
@@ -216,6 +217,10 @@ class SparkManager:
         self.tmpdir = tmpdir
         self.gpu_script = install_gpu_script(tmpdir)
         self.gpu_counter = os.path.join(tmpdir, "gpu_counter")
+        self.two_gpu_script = os.path.join(tmpdir, "two_fake_gpus.sh")  # workers of two GPUs each
+        with open(self.two_gpu_script, "w") as f:
+            f.write(f"#!/usr/bin/env bash\nFAKE_GPUS_PER_WORKER=2 exec {self.gpu_script}\n")
+        os.chmod(self.two_gpu_script, 0o755)
         os.environ["FAKE_GPU_COUNTER"] = self.gpu_counter  # read by local-cluster workers
         self.kind = None
         self.spark = None
@@ -273,6 +278,15 @@ class SparkManager:
                 "spark.executor.resource.gpu.amount": "1",
                 "spark.task.resource.gpu.amount": "1",
             })
+        elif kind == MULTI_GPU_TASKS:
+            conf.update({
+                "spark.master": "local-cluster[2,1,1024]",
+                "spark.test.home": SPARK_HOME,
+                "spark.worker.resource.gpu.amount": "2",
+                "spark.worker.resource.gpu.discoveryScript": self.two_gpu_script,
+                "spark.executor.resource.gpu.amount": "2",
+                "spark.task.resource.gpu.amount": "2",
+            })
         elif kind == SHARED_EXECUTORS:
             conf.update({"spark.master": "local-cluster[2,2,1024]", "spark.test.home": SPARK_HOME})
         elif kind == STANDALONE:
@@ -297,8 +311,8 @@ class SparkManager:
             self.wait_for_executors()  # a test may have killed some
             return self.spark
         self.stop()
-        if kind == LOCAL_CLUSTER and os.path.exists(self.gpu_counter):
-            os.remove(self.gpu_counter)  # new workers get GPUs 0 and 1 again
+        if kind in (LOCAL_CLUSTER, MULTI_GPU_TASKS) and os.path.exists(self.gpu_counter):
+            os.remove(self.gpu_counter)  # new workers get GPUs 0, 1, ... again
         builder = SparkSession.builder.appName(f"spark_dist-tests-{kind}")
         for k, v in self._conf(kind).items():
             builder = builder.config(k, v)

@@ -4,6 +4,8 @@ Fixtures (use at most one spark_* fixture per test: only one SparkContext can li
   spark_local          SparkSession on local[2]
   spark_local_cluster  SparkSession on local-cluster[2,1,1024]: 2 executor JVMs, 1 core and
                        1 fake GPU each (addresses "0" and "1"), 1 GPU per task
+  spark_multi_gpu_tasks  SparkSession on local-cluster[2,1,1024] with 2 fake GPUs per executor ("0","1"
+                       and "2","3") and 2 GPUs per task
   spark_standalone     SparkSession on the standalone cluster below (2 executors, 1 core each)
   standalone_cluster   the StandaloneCluster: .master_url, .master_pid, .worker_pids,
                        .executor_pids(), .spark_submit, .spark_home. Used without
@@ -35,7 +37,8 @@ import pytest_timeout  # noqa: E402
 from pyspark import SparkContext  # noqa: E402
 
 from clusters import (  # noqa: E402
-    CONNECT_LOCAL, CONNECT_STANDALONE, LOCAL, LOCAL_CLUSTER, SESSION_MARKER, SHARED_EXECUTORS, STANDALONE,
+    CONNECT_LOCAL, CONNECT_STANDALONE, LOCAL, LOCAL_CLUSTER, MULTI_GPU_TASKS, SESSION_MARKER, SHARED_EXECUTORS,
+    STANDALONE,
     TWO_HOSTS, SparkManager, connect_available, describe,
     stop_gateway, wait_for_no_leaks,
 )
@@ -60,6 +63,8 @@ def _group(item):
         return 5
     if "spark_shared_executors" in names:
         return 3
+    if "spark_multi_gpu_tasks" in names:
+        return 2.5
     if "spark_local_cluster" in names:
         return 2
     if "spark_local" in names:
@@ -104,6 +109,13 @@ def spark_local(spark_manager):
 @pytest.fixture
 def spark_local_cluster(spark_manager):
     yield from _session(spark_manager, LOCAL_CLUSTER)
+
+
+@pytest.fixture
+def spark_multi_gpu_tasks(spark_manager):
+    """local-cluster[2,1,1024] whose two executors hold two fake GPUs each ("0","1" and "2","3"), and
+    spark.task.resource.gpu.amount=2: every task holds two GPUs."""
+    yield from _session(spark_manager, MULTI_GPU_TASKS)
 
 
 @pytest.fixture

@@ -116,7 +116,7 @@ def test_missing_script_exits_2_without_starting_spark(tmp_path):
 def test_bad_setting_exits_2_naming_it_before_starting_spark():
     result = spark_dist("run", "--master", "local[2]", "--num-processes", "0", TRAIN, "--snapshot", "x")
     assert result.returncode == 2
-    assert "configuration error: num_processes must be >= 1" in result.stderr
+    assert "configuration error: num_processes has to be a positive integer" in result.stderr
     assert result.seconds < 30
 
 

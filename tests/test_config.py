@@ -31,12 +31,42 @@ def test_dynamic_allocation_is_refused_by_conf_key():
 def test_use_gpu_without_gpu_scheduling_names_the_conf_key():
     with pytest.raises(ConfigError, match="spark.task.resource.gpu.amount"):
         RunConfig.build(num_processes=2, use_gpu=True, spark_conf={})
+    with pytest.raises(RuntimeError):  # what PySpark raises, and code catches to fall back to the CPU
+        RunConfig.build(num_processes=2, use_gpu=True, spark_conf={})
+
+
+@pytest.mark.parametrize("amount, num_processes, per_task", [("1", 3, 1), ("0.5", 3, 1), ("2", 4, 2), ("4", 4, 4)])
+def test_a_task_of_several_gpus_runs_a_rank_per_gpu(amount, num_processes, per_task):
+    config = RunConfig.build(num_processes=num_processes, use_gpu=True,
+                             spark_conf={"spark.task.resource.gpu.amount": amount})
+    assert config.processes_per_task == per_task and config.num_tasks == num_processes // per_task
+    # Without GPUs, and in local mode, every task (process) runs one rank.
+    assert RunConfig.build(num_processes=num_processes, spark_conf={"spark.task.resource.gpu.amount": amount}
+                           ).processes_per_task == 1
+
+
+def test_num_processes_must_fill_whole_multi_gpu_tasks():
+    with pytest.raises(RuntimeError, match="must be a multiple of 'spark.task.resource.gpu.amount' \\(2\\)"):
+        RunConfig.build(num_processes=3, use_gpu=True, spark_conf={"spark.task.resource.gpu.amount": "2"})
+    with pytest.raises(ConfigError, match="whole number"):
+        RunConfig.build(num_processes=3, use_gpu=True, spark_conf={"spark.task.resource.gpu.amount": "1.5"})
+
+
+def test_layout_is_checked():
+    with pytest.raises(ConfigError, match="layout must be one of 'host', 'task'"):
+        RunConfig.build(num_processes=2, layout="node")
+    with pytest.raises(ConfigError, match="layout='task' cannot run backend='horovod'"):
+        RunConfig.build(num_processes=2, layout="task", backend="horovod")
 
 
 def test_tls_refused_unless_opted_in():
     conf = {"spark.ssl.enabled": "true"}
     with pytest.raises(ConfigError, match=CONF_ALLOW_UNENCRYPTED):
         RunConfig.build(num_processes=2, spark_conf=conf)
+    with pytest.raises(RuntimeError, match="encryption"):  # PySpark's type and word
+        RunConfig.build(num_processes=2, spark_conf=conf)
+    # Local mode keeps the traffic on the driver's machine: allowed, as PySpark allows it.
+    assert RunConfig.build(num_processes=2, local_mode=True, spark_conf=conf).ssl_enabled
     assert RunConfig.build(num_processes=2, spark_conf={**conf, CONF_ALLOW_UNENCRYPTED: "true"}).allow_unencrypted
     # TorchDistributor's own opt-in key works for people moving over.
     assert RunConfig.build(num_processes=2, spark_conf={**conf, "pytorch.spark.distributor.ignoreSsl": "true"})

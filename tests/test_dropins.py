@@ -51,12 +51,61 @@ def test_the_documented_file_example_runs_unchanged(spark_local, tmp_path):
     assert torch.equal(w0, w1)  # DDP kept the replicas identical
 
 
-def test_defaults_match_pyspark_local_mode_with_gpus():
-    d = TorchDistributor()
-    assert d._args["local_mode"] is True and d._args["use_gpu"] is True and d._args["num_processes"] == 1
-    # Without a GPU on the driver that is a configuration error naming the setting to change.
-    from spark_dist import ConfigError
+def test_defaults_match_pyspark_local_mode_with_gpus(spark_local):
+    # PySpark's defaults: local_mode=True, use_gpu=True. Without GPUs on the driver the constructor raises
+    # PySpark's RuntimeError (code catches it to fall back to the CPU), naming what to change.
+    from spark_dist import ClusterConfigError
 
-    if torch.cuda.device_count() == 0:
-        with pytest.raises(ConfigError, match="use_gpu=False"):
-            d.run(train, 1e-3, True)
+    with pytest.raises(RuntimeError, match="GPUs were unable to be found on the driver") as raised:
+        TorchDistributor()
+    assert isinstance(raised.value, ClusterConfigError)
+    d = TorchDistributor(use_gpu=False)
+    assert (d.num_processes, d.local_mode, d.use_gpu, d.num_tasks) == (1, True, False, 1)
+
+
+def report_layout(tag):
+    """What a rank sees of its place, as PySpark's recipes read it."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "CUDA_VISIBLE_DEVICES")
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, {**{k: os.environ.get(k) for k in keys}, "tag": tag})
+    dist.destroy_process_group()
+    return seen
+
+
+def test_each_task_is_a_node_and_gpus_are_hidden_as_in_pyspark(spark_local):
+    # local[2]: both tasks on one host. PySpark gives each task LOCAL_RANK 0 (its own torchrun node).
+    seen = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(report_layout, tag="x")
+    assert [(s["RANK"], s["LOCAL_RANK"], s["LOCAL_WORLD_SIZE"], s["NODE_RANK"], s["GROUP_RANK"]) for s in seen] == [
+        ("0", "0", "1", "0", "0"), ("1", "0", "1", "1", "1")]
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in seen] == ["", ""]  # use_gpu=False hides the GPUs
+    assert seen[0]["tag"] == "x"
+
+
+def test_every_keyword_goes_to_the_function_and_datasets_have_a_method_of_their_own(spark_local):
+    def echo(datasets=None, **kwargs):
+        from spark_dist import get_context
+
+        return datasets, kwargs, sorted(get_context().datasets)
+
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    # PySpark passes every keyword to the function: one named `datasets` too.
+    assert d.run(echo, datasets="mine", lr=0.1) == ("mine", {"lr": 0.1}, [])
+    frame = spark_local.range(8).selectExpr("cast(id as float) as x")
+    assert d.run_with_datasets({"train": frame}, echo, lr=0.1) == (None, {"lr": 0.1}, ["train"])
+
+
+def test_pyspark_attributes_are_there_and_drive_the_next_run(spark_local):
+    d = TorchDistributor(num_processes=1, local_mode=False, use_gpu=False)
+    assert d.input_params == {"num_processes": 1, "local_mode": False, "use_gpu": False, "num_tasks": 1}
+    assert d.ssl_conf == "pytorch.spark.distributor.ignoreSsl" and d.spark is spark_local
+    assert d.is_spark_local_master and not d.is_remote
+    d.num_processes = 2  # code that adjusts the attribute before run() gets what it set
+    assert len(d.run(report_layout, tag="y")) == 2
+
+
+def test_gpu_runs_need_gpu_scheduling_in_the_constructor(spark_local):
+    with pytest.raises(RuntimeError, match="'spark.task.resource.gpu.amount' was unset"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=True)

@@ -1,5 +1,8 @@
 """The Horovod backend and the HorovodRunner drop-in: ``hvd.init()`` with no arguments inside a run, on
 local[2] and on the standalone cluster."""
+import contextlib
+import inspect
+import io
 import os
 import socket
 import sys
@@ -194,7 +197,7 @@ def test_script_under_horovod(spark_standalone, tmp_path):
 # -- HorovodRunner ------------------------------------------------------------------------------------------
 @needs_horovod
 def test_horovod_runner_on_spark_tasks(spark_local):
-    hr = HorovodRunner(np=2, verbose=False)
+    hr = HorovodRunner(np=2)
     out = hr.run(horovod_runner_main, scale=10.0, offset=0.5)
     assert out["size"] == 2 and out["value"] == 10.5
     assert out["parent"] != os.getpid()  # a Spark task's Python worker started rank 0
@@ -208,6 +211,43 @@ def test_horovod_runner_on_the_driver():
     assert out["parent"] == os.getpid()  # rank 0 was a child of this (driver) process
 
 
+def chatty_main(message):
+    """Prints a line, and sends one to the driver the Databricks way."""
+    import horovod.torch as hvd
+
+    from spark_dist import log_to_driver  # was: from sparkdl.horovod import log_to_driver
+
+    hvd.init()
+    print(f"noise from rank {hvd.rank()}")
+    if hvd.rank() == 0:
+        log_to_driver(message + "!" * 5000)  # cut at 4000 characters, as Databricks does
+    return hvd.size()
+
+
+@needs_horovod
+@pytest.mark.parametrize("verbosity", ["log_callback_only", "all"])
+def test_horovod_runner_shows_log_to_driver_always_and_rank_output_only_with_all(spark_local, verbosity):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert HorovodRunner(np=2, driver_log_verbosity=verbosity).run(chatty_main, message="hello") == 2
+    text = out.getvalue()
+    assert ("hello" + "!" * 3995) in text.splitlines()
+    assert ("[rank 1] noise from rank 1" in text) == (verbosity == "all")
+
+
+def test_horovod_runner_keeps_databricks_signature():
+    # Databricks' own test: keyword-only np and driver_log_verbosity (default "log_callback_only"),
+    # run(self, main, **kwargs).
+    init = inspect.getfullargspec(HorovodRunner.__init__)
+    assert (init.args, init.varargs, init.varkw, init.kwonlyargs, init.kwonlydefaults) == (
+        ["self"], None, None, ["np", "driver_log_verbosity"], {"driver_log_verbosity": "log_callback_only"})
+    run = inspect.getfullargspec(HorovodRunner.run)
+    assert (run.args, run.varargs, run.varkw, run.kwonlyargs) == (["self", "main"], None, "kwargs", [])
+    with pytest.raises(TypeError):
+        HorovodRunner(2)
+    assert HorovodRunner(np=-1).num_processor == -1  # Databricks' attribute
+
+
 def test_horovod_runner_checks_its_arguments():
     with pytest.raises(ConfigError, match="np must be an int"):
         HorovodRunner(np="2")
@@ -217,7 +257,7 @@ def test_horovod_runner_checks_its_arguments():
 
 @needs_horovod
 def test_horovod_runner_np_zero_uses_every_slot(spark_standalone):
-    out = HorovodRunner(np=0, verbose=False).run(horovod_runner_main, scale=1.0)
+    out = HorovodRunner(np=0).run(horovod_runner_main, scale=1.0)
     assert out["size"] == 2  # the cluster's two 1-core executors
 
 

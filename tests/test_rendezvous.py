@@ -42,6 +42,32 @@ def test_assignment_does_not_depend_on_arrival_order():
     assert sorted(forward) == list(range(9))
 
 
+# Two Spark tasks on one host, each holding two GPUs ("0","1" and "2","3"): four process slots.
+MULTI_GPU = [TaskInfo(0, "h", ("0",), "h:1", 0), TaskInfo(1, "h", ("1",), "h:1", 0),
+             TaskInfo(2, "h", ("2",), "h:2", 1), TaskInfo(3, "h", ("3",), "h:2", 1)]
+
+
+@pytest.mark.parametrize("layout, expected", [
+    # (rank, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, CUDA_VISIBLE_DEVICES) per slot
+    ("host", [(0, 0, 4, 0, "0,1,2,3"), (1, 1, 4, 0, "0,1,2,3"), (2, 2, 4, 0, "0,1,2,3"), (3, 3, 4, 0, "0,1,2,3")]),
+    # PySpark 4.2+: each task a torchrun node running one process per GPU of the task.
+    ("task", [(0, 0, 2, 0, "0,1"), (1, 1, 2, 0, "0,1"), (2, 0, 2, 1, "2,3"), (3, 1, 2, 1, "2,3")]),
+])
+def test_multi_gpu_tasks_give_every_rank_its_own_gpu_at_cuda_local_rank(layout, expected):
+    ranks = assign_ranks(MULTI_GPU, layout)
+    assert [(r.rank, r.local_rank, r.local_world_size, r.node_rank, r.cuda_visible_devices) for r in ranks] == expected
+    for slot, rank in zip(MULTI_GPU, ranks):
+        assert rank.cuda_visible_devices.split(",")[rank.local_rank] == slot.gpus[0]
+
+
+def test_task_layout_makes_each_one_gpu_task_a_node_as_pyspark_does():
+    tasks = [TaskInfo(0, "h", ("1",)), TaskInfo(1, "h", ("0",)), TaskInfo(2, "g", ("0",))]
+    ranks = assign_ranks(tasks, "task")
+    assert [(r.rank, r.local_rank, r.local_world_size, r.node_rank, r.num_nodes) for r in ranks] == [
+        (0, 0, 1, 0, 3), (1, 0, 1, 1, 3), (2, 0, 1, 2, 3)]
+    assert [r.cuda_visible_devices for r in ranks] == ["1", "0", "0"]  # only the task's own GPU
+
+
 def test_listener_binds_the_given_address_only():
     sock = bind_listener("127.0.0.1")
     try:

@@ -29,6 +29,30 @@ def test_each_rank_sees_its_own_gpu_at_cuda_local_rank(spark_local_cluster):
         assert device == f"cuda:{local_rank}"
 
 
+def test_the_pyspark_layout_gives_each_one_gpu_task_its_own_gpu_and_local_rank_zero(spark_local_cluster):
+    views = Distributor(num_processes=2, use_gpu=True, verbose=False, layout="task").run(gpu_view)
+    for rank, local_rank, gpus, visible, device in views:
+        assert (local_rank, visible, device) == (0, gpus[0], "cuda:0")  # only its own GPU, at cuda:0
+    assert sorted(v[3] for v in views) == ["0", "1"]
+
+
+@pytest.mark.parametrize("layout", ["host", "task"])
+def test_a_task_of_two_gpus_runs_a_rank_on_each(spark_multi_gpu_tasks, layout):
+    # Two tasks of two GPUs ("0","1" and "2","3"): four ranks, one per GPU, in either layout.
+    views = Distributor(num_processes=4, use_gpu=True, verbose=False, layout=layout).run(gpu_view)
+    assert sorted(g for v in views for g in v[2]) == ["0", "1", "2", "3"]
+    for rank, local_rank, gpus, visible, device in views:
+        assert len(gpus) == 1 and visible.split(",")[local_rank] == gpus[0]  # cuda:LOCAL_RANK is its own GPU
+        assert device == f"cuda:{local_rank}"
+    if layout == "task":  # PySpark 4.2+: each task a node of two processes, seeing the task's two GPUs
+        assert sorted((v[1], v[3]) for v in views) == [(0, "0,1"), (0, "2,3"), (1, "0,1"), (1, "2,3")]
+
+
+def test_ranks_must_fill_whole_multi_gpu_tasks(spark_multi_gpu_tasks):
+    with pytest.raises(RuntimeError, match=r"num_processes \(3\) must be a multiple of"):
+        Distributor(num_processes=3, use_gpu=True, verbose=False).run(gpu_view)
+
+
 def test_gpu_slots_bound_the_number_of_ranks(spark_local_cluster):
     assert task_slots(spark_local_cluster) == 2
     spark_local_cluster.conf.set("spark.dist.slotWaitTimeout", "1")

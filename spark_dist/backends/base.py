@@ -55,8 +55,8 @@ def torchrun_env(rank: RankInfo, store_host: str, store_port: int, attempt: int,
         "TORCHELASTIC_RESTART_COUNT": str(attempt),
         "TORCHELASTIC_RUN_ID": "spark_dist",
     }
-    if use_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = rank.cuda_visible_devices
+    # use_gpu=False hides the GPUs, as PySpark does: code that picks "cuda if available" stays on the CPU.
+    env["CUDA_VISIBLE_DEVICES"] = rank.cuda_visible_devices if use_gpu else ""
     return env
 
 
