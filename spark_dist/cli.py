@@ -81,6 +81,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, with_master: bool = True
                              "session is started unless --master, --conf or --properties-file is given")
     parser.add_argument("--use-gpu", action="store_true",
                         help="one GPU per rank (needs spark.task.resource.gpu.amount, see conf/)")
+    parser.add_argument("--layout", choices=("host", "task"), default="host",
+                        help="what a torchrun node is: host (LOCAL_RANK numbers a machine's ranks, the "
+                             "default) or task (each Spark task a node, as PySpark's TorchDistributor)")
     parser.add_argument("--max-retries", type=int, default=0, metavar="K",
                         help="resubmit a failed run up to K times; the script resumes from its snapshot")
     parser.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
@@ -225,7 +228,8 @@ def make_distributor(args: argparse.Namespace, spark=None):
     return Distributor(
         num_processes=args.num_processes, backend=args.backend, local_mode=args.local_mode,
         use_gpu=args.use_gpu, max_retries=args.max_retries, timeout=args.timeout,
-        checkpoint_dir=args.checkpoint_dir, run_id=args.run_id, verbose=not args.quiet, spark=spark)
+        checkpoint_dir=args.checkpoint_dir, run_id=args.run_id, verbose=not args.quiet, layout=args.layout,
+        spark=spark)
 
 
 def execute(args: argparse.Namespace, stderr=None) -> int:

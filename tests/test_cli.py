@@ -78,7 +78,7 @@ def test_help_documents_every_option():
     run = spark_dist("run", "--help")
     assert run.returncode == 0
     for option in ("--master", "--num-processes", "--backend", "--local-mode", "--use-gpu", "--max-retries",
-                   "--timeout", "--conf", "--properties-file", "--run-id", "--checkpoint-dir", "script"):
+                   "--timeout", "--conf", "--properties-file", "--run-id", "--checkpoint-dir", "--layout", "script"):
         assert option in run.stdout, option
     for code in ("0", "1", "2", "124"):
         assert f"\n  {code} " in run.stdout
@@ -295,3 +295,10 @@ def test_conf_path_names_the_templates_and_the_wheel_ships_them(tmp_path):
     names = zipfile.ZipFile(next((tmp_path / "dist").glob("spark_dist-*.whl"))).namelist()
     shipped = {n.rsplit("/", 1)[1] for n in names if "/share/spark_dist/conf/" in n}
     assert shipped == set(os.listdir(os.path.join(REPO, "conf")))
+
+
+def test_layout_option_reaches_the_distributor():
+    from spark_dist.cli import make_distributor
+
+    assert make_distributor(parse_run(TRAIN))._args["layout"] == "host"
+    assert make_distributor(parse_run("--layout", "task", TRAIN))._args["layout"] == "task"

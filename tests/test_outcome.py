@@ -40,6 +40,7 @@ def killed(rank, seq):
     return RankFailure(rank, "h1", "signal", "killed by signal 9", signal=9, seq=seq)
 
 
+MULTI_GPU_TASKS = tuple(TaskInfo(i, "h1", (str(i),), f"h1:400{i // 2}", i // 2) for i in range(4))
 LOST_EXECUTOR = JobError("Py4JJavaError", (
     "An error occurred while calling o123.collect.\n: org.apache.spark.SparkException: Job aborted due to stage "
     "failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
@@ -97,6 +98,11 @@ def test_a_run_that_finished_returns_rank_0s_result(case, what, expected):
     ("a rank's own exception leads over the job failure it caused",
      dict(job_error=LOST_EXECUTOR, failures=(raised(3),)), [(3, "exception")], False),
     ("a job failure naming no task", dict(job_error=NO_TASK), [(None, "lost")], False),
+    # Spark task 1 of a run of two-GPU tasks ran slots 2 and 3: its dead worker took both ranks.
+    ("a dead Python worker of a two-GPU task is both its ranks",
+     dict(job_error=JobError(WORKER_DIED.type_name, WORKER_DIED.text.replace("(3, 3)", "(3, 1)")),
+          tasks=MULTI_GPU_TASKS, ranks=tuple(assign_ranks(MULTI_GPU_TASKS, "task"))),
+     [(2, "lost"), (3, "lost")], False),
     # Under Spark Connect a failed stage takes the task-to-rank map (the first task's) with it.
     ("a lost executor with no rank map names the barrier task", dict(job_error=LOST_EXECUTOR, tasks=(), ranks=()),
      [(None, "lost")], False),
