@@ -400,7 +400,7 @@ def test_a_retry_waits_for_replacement_executors_and_keeps_the_failure(spark_loc
 
     waits = []
 
-    def cluster_without_its_lost_executor(sc, needed, timeout, use_gpu):
+    def cluster_without_its_lost_executor(sc, needed, timeout, use_gpu, ranks_per_task=1):
         waits.append(timeout)
         if len(waits) > 1:  # before the retry: the lost executor never came back
             raise ConfigError(f"num_processes={needed} but the cluster has 1 task slots")
