@@ -6,7 +6,7 @@ LINES ?= 4 3.5
 SPARK_LINE ?= 4
 venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env env35 demo test bench clean
+.PHONY: env env35 demo test bench docs clean
 env:
 	@bash scripts/setup_env.sh 4
 
@@ -35,6 +35,21 @@ bench:
 bench-%:
 	@bash scripts/setup_env.sh $(SPARK_LINE)
 	$(call venv,$(SPARK_LINE))/bin/python bench/bench_$*.py --out bench/results/$*-spark$(SPARK_LINE).json
+
+# The notebooks (notebooks/01_... to 05_...) in Jupyter, on a kernel of the SPARK_LINE's environment: the kernel
+# is registered for your user as "spark_dist (Spark 4)" (or 3.5), so any Jupyter can pick it. Jupyter itself is
+# not in the pinned environments; when the environment has JupyterLab, it starts here on loopback.
+docs:
+	@bash scripts/setup_env.sh $(SPARK_LINE)
+	@$(call venv,$(SPARK_LINE))/bin/python -m ipykernel install --user --name spark_dist-$(SPARK_LINE) \
+	  --display-name "spark_dist (Spark $(SPARK_LINE))" >/dev/null
+	@if $(call venv,$(SPARK_LINE))/bin/python -c "import jupyterlab" 2>/dev/null; then \
+	  $(call venv,$(SPARK_LINE))/bin/python -m jupyter lab notebooks/ --ip 127.0.0.1; \
+	else \
+	  echo "Kernel \"spark_dist (Spark $(SPARK_LINE))\" registered. Open the notebooks with any Jupyter and pick it:"; \
+	  echo "  jupyter lab notebooks/ --ip 127.0.0.1"; \
+	  echo "or, with no Jupyter installed: pipx run --spec jupyterlab jupyter lab notebooks/ --ip 127.0.0.1"; \
+	fi
 
 clean:
 	rm -rf .venv .venv-spark35 build *.egg-info
