@@ -41,15 +41,8 @@ bench-%:
 # not in the pinned environments; when the environment has JupyterLab, it starts here on loopback.
 docs:
 	@bash scripts/setup_env.sh $(SPARK_LINE)
-	@$(call venv,$(SPARK_LINE))/bin/python -m ipykernel install --user --name spark_dist-$(SPARK_LINE) \
-	  --display-name "spark_dist (Spark $(SPARK_LINE))" >/dev/null
-	@if $(call venv,$(SPARK_LINE))/bin/python -c "import jupyterlab" 2>/dev/null; then \
-	  $(call venv,$(SPARK_LINE))/bin/python -m jupyter lab notebooks/ --ip 127.0.0.1; \
-	else \
-	  echo "Kernel \"spark_dist (Spark $(SPARK_LINE))\" registered. Open the notebooks with any Jupyter and pick it:"; \
-	  echo "  jupyter lab notebooks/ --ip 127.0.0.1"; \
-	  echo "or, with no Jupyter installed: pipx run --spec jupyterlab jupyter lab notebooks/ --ip 127.0.0.1"; \
-	fi
+	@echo "JupyterLab on 127.0.0.1 with this line's environment as its kernel; open the URL it prints"
+	$(call venv,$(SPARK_LINE))/bin/python -m jupyter lab notebooks/ --ip 127.0.0.1 --no-browser
 
 clean:
 	rm -rf .venv .venv-spark35 build *.egg-info
