@@ -165,7 +165,7 @@ class StandaloneCluster:
                 raise RuntimeError(f"a standalone JVM exited early; see logs in {self.tmpdir}")
             try:
                 return len(self._alive_workers()) == self.n_workers
-            except OSError:  # master UI not up yet
+            except (OSError, ValueError):  # master UI not up yet (no answer, or an empty page while starting)
                 return False
 
         _wait_for(what, ready, timeout=timeout, interval=0.5)
