@@ -17,14 +17,10 @@ demo:
 	@bash scripts/setup_env.sh $(SPARK_LINE)
 	$(call venv,$(SPARK_LINE))/bin/python -m spark_dist.demo
 
-# Every line runs even when an earlier one fails, so one CI run reports both.
+# Both lines run at once (scripts/test_lines.sh), each output line prefixed with its Spark line.
 test:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
-	@rc=0; for line in $(LINES); do \
-	  venv=.venv; [ "$$line" = 3.5 ] && venv=.venv-spark35; \
-	  echo "== Spark $$line line ($$venv) =="; \
-	  $$venv/bin/python -m pytest || rc=1; \
-	done; exit $$rc
+	@bash scripts/test_lines.sh $(LINES)
 
 BENCHES := launch connect data horovod ml recovery
 bench:

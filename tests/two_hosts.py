@@ -11,9 +11,11 @@ interface. No default route: nothing leaves the bridge. Needs root and iproute2;
 not. Everything is removed by `stop()` (processes by group, then namespaces and the bridge), also after
 a failed start, and stale ones of a crashed earlier run are removed before starting.
 """
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 
 from clusters import StandaloneCluster, free_port
@@ -73,6 +75,10 @@ class TwoHostCluster(StandaloneCluster):
         self.driver_only_dir = os.path.join(tmpdir, "driver-only")
 
     def start(self):
+        # The namespaces, links and addresses have fixed names: a test run of the other Spark line (make test
+        # runs both at once) waits here until this one has removed them. The kernel drops the lock if we die.
+        self._lock = open(os.path.join(tempfile.gettempdir(), "spark_dist-two-hosts.lock"), "w")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             _make_network()
             port, ui_port = free_port(), free_port()
@@ -105,6 +111,9 @@ class TwoHostCluster(StandaloneCluster):
         finally:
             time.sleep(0.2)  # let the namespaces' last sockets close before their links go
             _remove_network()
+            lock, self._lock = getattr(self, "_lock", None), None
+            if lock is not None:
+                lock.close()  # releases the flock
 
     def take_down(self, index):
         """Take host ``index`` off the network (its link down), as a lost host looks to the others."""
