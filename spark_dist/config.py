@@ -23,7 +23,9 @@ CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
-RUNTIME_KEYS = (CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, CONF_SLOT_WAIT,
+# spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
+RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
+                CONF_SLOT_WAIT,
                 CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT,
                 CONF_HOST_LOST_TIMEOUT)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
