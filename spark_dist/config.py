@@ -25,9 +25,8 @@ CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
-                CONF_SLOT_WAIT,
-                CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE, CONF_COLLECTIVE_TIMEOUT,
-                CONF_HOST_LOST_TIMEOUT)
+                CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
+                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 BACKENDS = ("ddp", "horovod")
@@ -83,6 +82,18 @@ def task_gpu_amount(conf: Mapping[str, str]) -> float:
         raise ConfigError(f"Spark conf {CONF_TASK_GPUS}={value!r} is not a number") from None
 
 
+def require_task_gpus(conf: Mapping[str, str]) -> None:
+    """Check that Spark schedules GPUs to tasks, for a run with ``use_gpu=True`` on Spark tasks.
+
+    Raises:
+        ClusterConfigError: ``spark.task.resource.gpu.amount`` is unset (PySpark's words, which code matches).
+    """
+    if task_gpu_amount(conf) <= 0:
+        raise ClusterConfigError(f"'{CONF_TASK_GPUS}' was unset, so gpu usage is unavailable: set it (and "
+                                 "spark.executor.resource.gpu.amount with a discovery script), or pass "
+                                 "use_gpu=False")
+
+
 def ranks_per_task(conf: Mapping[str, str], num_processes: int) -> int:
     """How many ranks each Spark task runs: one per GPU of the task (``spark.task.resource.gpu.amount``
     GPUs, as PySpark 4.2+ and torchrun's one-process-per-GPU convention do), else one.
@@ -99,7 +110,7 @@ def ranks_per_task(conf: Mapping[str, str], num_processes: int) -> int:
                           "GPUs, one rank each")
     if num_processes % int(amount):
         raise ClusterConfigError(f"num_processes ({num_processes}) must be a multiple of '{CONF_TASK_GPUS}' "
-                          f"({int(amount)}) value: each Spark task runs one rank per GPU it holds")
+                                 f"({int(amount)}) value: each Spark task runs one rank per GPU it holds")
     return int(amount)
 
 
@@ -229,11 +240,8 @@ class RunConfig:
             )
         if arguments_only:
             conf = {}
-        elif not local_mode and use_gpu and task_gpu_amount(conf) <= 0:
-            raise ClusterConfigError(
-                "use_gpu=True needs GPU scheduling: set spark.task.resource.gpu.amount (and "
-                "spark.executor.resource.gpu.amount with a discovery script), or pass use_gpu=False"
-            )
+        elif not local_mode and use_gpu:
+            require_task_gpus(conf)
         ssl_enabled = _conf_bool(conf, "spark.ssl.enabled")
         allow_unencrypted = _conf_bool(conf, CONF_ALLOW_UNENCRYPTED) or _conf_bool(conf, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL)
         # Local mode keeps the traffic on the driver's machine: allowed, as PySpark checks only task runs.

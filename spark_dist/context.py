@@ -142,5 +142,5 @@ def log_to_driver(message) -> None:
     text = str(message)[:LOG_MESSAGE_CHARS]
     if _current is None or _current._reporter is None:
         print(text, flush=True)
-        return
-    _current._reporter({**_current._report_head(), LOG_KEY: text})
+    else:
+        _current.report(**{LOG_KEY: text})

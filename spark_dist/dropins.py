@@ -3,12 +3,11 @@ changed import. Each keeps its original's signature, defaults, public attributes
 side with PySpark's in ``tests/test_pyspark_parity.py``); underneath is spark_dist's launcher."""
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Dict
 
 from . import session
-from .config import CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, RunConfig, ranks_per_task, task_gpu_amount
+from .config import CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, ranks_per_task, require_task_gpus
 from .errors import ClusterConfigError, ConfigError
 from .launcher import Distributor
 
@@ -66,10 +65,7 @@ class TorchDistributor(Distributor):
             return self.num_processes
         conf = session.conf_snapshot(self.spark, ()) if self.spark is not None else {}
         if not self.local_mode:
-            if task_gpu_amount(conf) <= 0:
-                raise ClusterConfigError("'spark.task.resource.gpu.amount' was unset, so gpu usage is "
-                                         "unavailable: set it (with spark.executor.resource.gpu.amount and a "
-                                         "discovery script), or pass use_gpu=False")
+            require_task_gpus(conf)
             return self.num_processes // ranks_per_task(conf, self.num_processes)
         available = _driver_gpu_count(self.spark)
         if not available:

@@ -114,8 +114,8 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool 
 
 
 def _supervise_all(started, store: SignedStore, spec: LaunchSpec, in_executor: bool) -> List[TaskOutcome]:
-    """Supervise the task's children together (one thread each beyond the first, each with its own store
-    connection); their outcomes in order."""
+    """Supervise the task's children together: a single child here, several in a thread each (each with its
+    own store connection); their outcomes in order."""
     if len(started) == 1:
         _, rank, child, workdir = started[0]
         return [_supervise(child, store, spec, rank, workdir, in_executor)]
