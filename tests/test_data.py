@@ -94,7 +94,7 @@ def test_petastorm_uneven_row_groups_are_split_exactly(tmp_path):
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, shuffle, drop_last):
-    # Real caches have row groups of ~32 MiB; shrink the loader's units so that 2,000 rows cross them all:
+    # Real caches have row groups of ~8 MiB; shrink the loader's units so that 2,000 rows cross them all:
     # blocks of 8 rows, decoded chunks of 24, shuffle windows of ~100 rows, row groups of 70 / 130 rows.
     from spark_dist.data import loader as loader_module
 
@@ -126,6 +126,38 @@ def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, 
         assert ids_of(per_rank[0])[:100] == list(range(100))
     assert per_rank[1][3]["id"].tolist() == rank_batches(
         handle, 3, batch_size=32, shuffle=shuffle, drop_last=drop_last, seed=3, epoch=2)[1][3]["id"].tolist()
+
+
+def test_a_rank_decodes_each_row_group_once_and_holds_few_at_a_time(tmp_path, monkeypatch):
+    # Memory per rank is bounded by the window and the row groups decoded for it (plus one ahead), not by the
+    # dataset: 40 row groups of 50 rows, windows of ~100 rows.
+    import weakref
+
+    from spark_dist.data import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "_BLOCK_ROWS", 8)
+    monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 100 * 8)
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": np.arange(2000)}), path, row_group_size=50)
+    handle = describe_files("many groups", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar"}, {})
+    held, decoded, most_held = [], [], [0]  # a weak reference to each decoded row group's first chunk
+    real_decode = loader_module.ShardLoader._decode
+
+    def counting_decode(self, group):
+        starts, chunks = real_decode(self, group)
+        decoded.append(group)
+        held.append(weakref.ref(chunks["id"][0]))
+        most_held[0] = max(most_held[0], sum(ref() is not None for ref in held))
+        return starts, chunks
+
+    monkeypatch.setattr(loader_module.ShardLoader, "_decode", counting_decode)
+    seen = []
+    for batch in make_loader(handle, rank=0, world_size=1, batch_size=10, seed=1):
+        seen += batch["id"].tolist()
+        time.sleep(0.002)  # a slow training step: the decode thread runs ahead as far as it may
+    assert sorted(seen) == list(range(2000))
+    assert sorted(decoded) == list(range(40))  # each row group decoded once in the epoch
+    assert most_held[0] <= 4  # a window spans at most 3 row groups here, and one more is decoded ahead
 
 
 def test_a_read_error_reaches_the_training_loop(tmp_path):
@@ -233,7 +265,7 @@ def test_loader_times_the_wait_and_stops_its_thread_on_break(mixed):
         if i == 2:
             break
     assert loader.batches == 3 and loader.rows == 30 and loader.wait_seconds >= 0
-    assert not [t for t in threading.enumerate() if t.name.startswith("spark_dist-loader")]
+    assert not [t for t in threading.enumerate() if t.name.startswith(("spark_dist-loader", "spark_dist-decode"))]
     list(loader)
     assert loader.batches == 3 + len(loader)
 

@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -> list:
     """Aggregations that check a dataset's values: row count; per column nulls; for arrays and vectors the
     min/max length and rows holding null elements; for the number columns in ``ranges`` (what a caller checks
-    labels against) min/max, NaNs and non-integers. Only those: every aggregate costs on every row."""
+    labels against) min/max, NaNs and non-integers. Only those: every aggregate costs on every row, so a null
+    count is skipped where the schema rules nulls out (a non-nullable column, an array of non-null elements)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -41,8 +42,10 @@ def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -
                 exprs += [F.min(value).alias(f"lo{i}"), F.max(value).alias(f"hi{i}")]
         else:
             size = F.when(col.isNotNull(), F.size(col))
-            exprs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}"),
-                      F.sum(F.exists(col, lambda x: x.isNull()).cast("long")).alias(f"inner{i}")]
+            exprs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}")]
+            # A lambda runs interpreted, element by element: count null elements only where the type allows them.
+            if not isinstance(types[column], T.ArrayType) or types[column].containsNull:
+                exprs.append(F.sum(F.exists(col, lambda x: x.isNull()).cast("long")).alias(f"inner{i}"))
     return exprs
 
 

@@ -14,25 +14,27 @@ The epoch order (:func:`shard_pieces`, :func:`block_runs`): the row groups of al
 and inside each row group its blocks of 256 rows in a permuted order, both from ``(seed, epoch)`` only.
 Rank ``r`` takes positions ``[r*n, (r+1)*n)`` of that order, so ranks never overlap and every rank gets
 exactly ``n`` rows whatever the file layout. Inside a rank, rows are shuffled again one by one across a
-window of about 32 MiB (a row group or more) while they are copied out of pyarrow's buffers: that copy is
-the only one, and a batch is a view of it.
+window of about 16 MiB (two of the cache's row groups) while they are copied out of pyarrow's buffers: that
+copy is the only one, and a batch is a view of it. A second thread decodes the next row group meanwhile.
 """
 import math
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .handle import SCALAR, DatasetError, DatasetHandle, open_parquet
 
-_WINDOW_BYTES = 32 << 20     # rows shuffled together inside a rank: bounded memory, and glibc reuses blocks
-#                              this size instead of mapping (and page-faulting) fresh memory every time
+_WINDOW_BYTES = 16 << 20     # rows shuffled together inside a rank; with the cache's 8 MiB row groups this keeps a
+#                              rank's peak memory growth under ~200 MiB whatever the dataset's size (bench_scaling)
 _BLOCK_ROWS = 256            # unit of the order inside a row group: runs of rows copy at memcpy speed
 _READ_CHUNK_ROWS = 4096      # rows pyarrow decodes at a time
 _DECODE_THREADS = True       # pyarrow decodes the columns of a chunk in parallel: 1.5-2x the rows/s measured
-_PREFETCH_WINDOWS = 2        # windows decoded ahead of the consumer by the background thread
+_PREFETCH_WINDOWS = 2        # windows gathered ahead of the consumer by the background thread
+_DECODE_AHEAD = 1            # row groups decoded ahead of the window being gathered (by a second thread)
 _END = object()
 
 
@@ -163,17 +165,20 @@ class ShardLoader:
         self.epoch = epoch
 
     # -- the background thread's side ------------------------------------------------------------------
-    def _decode(self, files: dict, group: int):
-        """One row group as ``(chunk_starts, {column: [numpy chunk, ...]})``, views of pyarrow's buffers."""
+    def _decode(self, group: int):
+        """One row group as ``(chunk_starts, {column: [numpy chunk, ...]})``, views of pyarrow's buffers.
+
+        The file is opened (memory-mapped) for this row group only: a mapping kept open for the epoch would
+        hold every page it ever read in the rank's resident memory, the whole dataset by the epoch's end.
+        """
         f, g = self._groups[group]
-        if f not in files:
-            files[f] = open_parquet(self.handle.file_urls[f])
+        parquet_file = open_parquet(self.handle.file_urls[f])
         chunks: Dict[str, list] = {c.name: [] for c in self.columns}
         starts = [0]
         # Small batches rather than read_row_group: pyarrow decodes list columns faster in cache-sized
         # pieces (84,000 rows of 96 floats: 180 against 240 ms of CPU), and no row group ever needs one
         # contiguous buffer.
-        for rb in files[f].iter_batches(batch_size=_READ_CHUNK_ROWS, row_groups=[g],
+        for rb in parquet_file.iter_batches(batch_size=_READ_CHUNK_ROWS, row_groups=[g],
                                         columns=[c.name for c in self.columns], use_threads=_DECODE_THREADS):
             for c in self.columns:
                 arr = rb.column(c.name)
@@ -244,30 +249,53 @@ class ShardLoader:
         return out
 
     def _windows(self) -> Iterator[List[Dict]]:
-        """Lists of batches (dicts of CPU tensors), one list per shuffle window."""
+        """Lists of batches (dicts of CPU tensors), one list per shuffle window.
+
+        Row groups are decoded by a thread of their own, up to ``_DECODE_AHEAD`` row groups ahead of the
+        window being gathered: decoding (pyarrow, no GIL) and the shuffling copy (numpy, no GIL) then run on
+        two cores at once instead of one after the other, which is what keeps a shuffled epoch near the
+        speed of a plain read. A decoded row group is dropped after the last window that takes rows from it.
+        """
         import torch
 
         pin = self.device is not None and torch.device(self.device).type == "cuda"
-        files, decoded, carry, bs = {}, {}, None, self.batch_size
-        windows = self._window_runs()
-        runs, index = next(windows, None), 0
-        while runs is not None:
-            following = next(windows, None)  # one ahead: the last window keeps its partial batch
-            t0 = time.perf_counter()
-            wanted = {group for group, _, _ in runs}
-            for group in list(decoded):
-                if group not in wanted:
-                    del decoded[group]  # a rank visits each row group once (twice when padding wraps)
-            for group in wanted - decoded.keys():
-                decoded[group] = self._decode(files, group)
-            rows = self._gather(decoded, runs, carry, index)
-            n = len(next(iter(rows.values())))
-            cut = n if following is None and not self.drop_last else n // bs * bs
-            batches = [self._to_torch(rows, s, min(s + bs, cut), pin) for s in range(0, cut, bs)]
-            carry = None if cut == n else {c: a[cut:] for c, a in rows.items()}
-            self.read_seconds += time.perf_counter() - t0
-            yield batches
-            runs, index = following, index + 1
+        plan = list(self._window_runs())  # metadata only: every window's runs, known before any read
+        need_order, last_use = [], {}
+        for index, runs in enumerate(plan):
+            for group, _, _ in runs:
+                if group not in last_use:
+                    need_order.append(group)
+                last_use[group] = index
+        decoder = ThreadPoolExecutor(1, thread_name_prefix=f"spark_dist-decode-{self.handle.name}-rank{self.rank}")
+        pending: Dict[int, "Future"] = {}
+        submitted = 0
+        carry, bs = None, self.batch_size
+        try:
+            for index, runs in enumerate(plan):
+                t0 = time.perf_counter()
+                wanted = {group for group, _, _ in runs}
+                # This window's row groups, then up to _DECODE_AHEAD more in the order windows need them.
+                while submitted < len(need_order) and (
+                        need_order[submitted] in wanted or
+                        sum(1 for g in pending if g not in wanted) < _DECODE_AHEAD):
+                    group = need_order[submitted]
+                    pending[group] = decoder.submit(self._decode, group)
+                    submitted += 1
+                decoded = {group: pending[group].result() for group in wanted}
+                rows = self._gather(decoded, runs, carry, index)
+                del decoded
+                for group in wanted:
+                    if last_use[group] == index:
+                        del pending[group]
+                n = len(next(iter(rows.values())))
+                last = index == len(plan) - 1  # the last window keeps its partial batch
+                cut = n if last and not self.drop_last else n // bs * bs
+                batches = [self._to_torch(rows, s, min(s + bs, cut), pin) for s in range(0, cut, bs)]
+                carry = None if cut == n else {c: a[cut:] for c, a in rows.items()}
+                self.read_seconds += time.perf_counter() - t0
+                yield batches
+        finally:
+            decoder.shutdown(wait=True, cancel_futures=True)
 
     def _to_torch(self, rows, start: int, stop: int, pin: bool) -> Dict:
         import torch

@@ -21,12 +21,19 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastor
 
 logger = logging.getLogger(__name__)
 
+# Petastorm's converter writes 32 MiB row groups; a quarter of that bounds what a rank holds decoded (it decodes
+# whole row groups, one ahead of the one it shuffles from), gives the epoch order finer pieces to permute, and
+# wastes less where two ranks share a row group. Petastorm's own readers read either.
+ROW_GROUP_BYTES = 8 << 20
+
 
 def _with_arrays(df, kinds: Dict[str, str]):
     """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
+    if VECTOR not in kinds.values():
+        return df
     return df.select([vector_to_array(F.col(quoted(c)), "float32").alias(c) if kinds[c] == VECTOR
                       else F.col(quoted(c)) for c in df.columns])
 
@@ -37,14 +44,18 @@ def _as_float32(df):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    def narrowed(field):
-        col = F.col(quoted(field.name))
+    def narrowed_type(field):  # the type to cast to, or None where the field stays as it is
         if isinstance(field.dataType, T.DoubleType):
-            return col.cast("float").alias(field.name)
+            return "float"
         if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.DoubleType):
-            return col.cast("array<float>").alias(field.name)
-        return col
-    return df.select([narrowed(f) for f in df.schema.fields])
+            return "array<float>"
+        return None
+    fields = df.schema.fields
+    casts = [narrowed_type(f) for f in fields]
+    if not any(casts):
+        return df
+    return df.select([F.col(quoted(f.name)).cast(t).alias(f.name) if t else F.col(quoted(f.name))
+                      for f, t in zip(fields, casts)])
 
 
 def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
@@ -105,8 +116,7 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     # What Petastorm's _materialize_df does, through the DataFrame API alone (it also runs under Spark
     # Connect, where Petastorm's own call fails: it asks for a classic session to name the directory).
     url = f"{parent_url}/{time.strftime('%Y%m%d%H%M%S')}-appid-{session.app_id(spark)}-{uuid.uuid4()}"
-    observed.write.option("compression", "uncompressed") \
-        .option("parquet.block.size", psc.DEFAULT_ROW_GROUP_SIZE_BYTES).parquet(url)
+    observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES).parquet(url)
     files = _cache_files(spark, url)
     stats = _observed(observation)
     # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
