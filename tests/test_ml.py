@@ -73,6 +73,17 @@ def predictions(df):
 
 
 # -- real data: 2 ranks on the digits ------------------------------------------------------------------------
+def test_a_rank_imports_the_training_code_without_pyspark_ml_or_pandas():
+    # Every rank of every fit imports spark_dist.ml.training; pyspark.ml and pandas would cost it ~0.6 s of CPU.
+    import subprocess
+    import sys
+
+    probe = ("import sys, spark_dist.ml.training; "
+             "print(sorted(m for m in ('pyspark.ml', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_digits_pipeline_ddp_learns_and_keeps_history(spark_local):
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import DoubleType
