@@ -204,16 +204,19 @@ class ShardLoader:
                 yield group, first, end
 
     def _window_runs(self) -> Iterator[List[Tuple[int, int, int]]]:
-        """The runs cut into windows of ``_window_rows`` rows (the last one shorter)."""
-        window, size = [], 0
+        """The runs cut into windows of ``_window_rows`` rows (the last one shorter). The first two windows of
+        an epoch are a quarter and a half of that: the first batch waits for the first window's row groups
+        and its shuffling copy, and a training loop waits for the first batch."""
+        sizes = iter((max(self.batch_size, self._window_rows // 4), max(self.batch_size, self._window_rows // 2)))
+        window, size, limit = [], 0, next(sizes)
         for group, first, end in self._runs():
             while first < end:
-                take = min(end - first, self._window_rows - size)
+                take = min(end - first, limit - size)
                 window.append((group, first, first + take))
                 size, first = size + take, first + take
-                if size == self._window_rows:
+                if size == limit:
                     yield window
-                    window, size = [], 0
+                    window, size, limit = [], 0, next(sizes, self._window_rows)
         if window:
             yield window
 
