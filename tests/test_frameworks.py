@@ -169,9 +169,17 @@ def test_pytorch_examples_multinode_script_matches_real_torchrun(tmp_path):
     final weights."""
     args = ["3", "1", "--batch_size", "64"]  # total_epochs, save_every: the snapshot after the last epoch
     env = {**os.environ, "SNAPSHOT_PATH": str(tmp_path / "torchrun.pt")}
-    torchrun = run_command([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2",
+
+    def reference():
+        return run_command([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2",
                             "--master_addr=127.0.0.1", f"--master_port={free_port()}", MULTINODE, *args],
                            cwd=tmp_path, env=env)
+
+    torchrun = reference()
+    if torchrun.returncode != 0 and "terminate called without an active exception" in torchrun.stderr:
+        # torch's own gloo teardown aborted a rank under plain torchrun (seen once on the 3.5 line, session 6):
+        # the reference is what spark_dist is compared with, not what is tested, so it gets one more run.
+        torchrun = reference()
     assert torchrun.returncode == 0, torchrun.stderr[-3000:]
     env["SNAPSHOT_PATH"] = str(tmp_path / "spark_dist.pt")
     ours = run_command([sys.executable, "-m", "spark_dist", "run", "--master", "local[2]", "-n", "2",
