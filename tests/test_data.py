@@ -468,6 +468,23 @@ def test_doubles_with_dots_in_their_names_are_stored_as_float32(spark_local):
     assert batch["a.b"].dtype == torch.float32 and batch["x`y"].shape == (4, 1)
 
 
+def test_the_cache_is_plain_values_in_row_groups_of_about_8_mib(spark_local):
+    # Small row groups bound what a rank decodes at a time; no dictionaries keeps the write as cheap as a plain one.
+    from spark_dist.data.write import ROW_GROUP_BYTES
+
+    df = spark_local.range(0, 120_000, numPartitions=1).select(
+        F.array(*[(F.col("id") + i).cast("float") for i in range(32)]).alias("features"), (F.col("id") % 10).alias("label"))
+    handle = prepare_datasets(spark_local, {"rows": df}, num_ranks=2)["rows"]
+    [url] = handle.file_urls
+    metadata = pq.ParquetFile(local_path(url)).metadata
+    assert metadata.num_row_groups >= 2  # ~16 MB of values
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        assert group.total_byte_size <= ROW_GROUP_BYTES * 1.25
+        assert not any(group.column(c).has_dictionary_page for c in range(group.num_columns))
+    assert sum(len(b["label"]) for b in make_loader(handle, rank=0, world_size=2, batch_size=1000)) == 60_000
+
+
 def test_two_threads_preparing_one_dataframe_write_it_once(spark_local):
     before = cache_dirs(spark_local)
     df = spark_local.range(0, 500, numPartitions=2).select("id", (F.col("id") * 2).alias("twice"))
