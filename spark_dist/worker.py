@@ -106,6 +106,8 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
             if not supervised:  # a sibling's start failed: the children already running end here
                 child.kill()
             shutil.rmtree(workdir, ignore_errors=True)
+        if in_executor and supervised:
+            _warm_for_next_run()
 
 
 def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[Any]:
@@ -146,6 +148,40 @@ def _preload(backend: str) -> None:
             import horovod.torch  # noqa: F401
         except ImportError:
             pass  # the rank's own import reports it
+
+
+# What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo, and these
+# are its heaviest dependencies (~0.8 of its ~1.5 s here, BENCHMARKS.md). torch._dynamo itself stays out of the
+# worker (see _unsafe_to_fork); these are plain modules with nothing per thread.
+_WARM_MODULES = ("sympy", "torch.distributed.tensor")
+_warming: Optional[threading.Thread] = None
+
+
+def _warm_for_next_run() -> None:
+    """Import :data:`_WARM_MODULES` into this reused Python worker in the background once its ranks have
+    ended: it idles between runs, and every later run forks ranks that already have them."""
+    global _warming
+    if _warming is None and "torch" in sys.modules and any(m not in sys.modules for m in _WARM_MODULES):
+        _warming = threading.Thread(target=_import_all, args=(_WARM_MODULES,), daemon=True,
+                                    name="spark_dist-warm-imports")
+        _warming.start()
+
+
+def _import_all(names) -> None:
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 -- only a head start: the rank imports what it needs itself
+            pass
+
+
+def _warmed() -> None:
+    """Wait for the background imports: a fork while another thread holds the import lock would leave it
+    held forever in the child."""
+    if _warming is not None:
+        _warming.join()
 
 
 def _unsafe_to_fork() -> bool:
@@ -325,6 +361,7 @@ def _with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
     """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
     has initialised CUDA (a GPU ``transform`` ran here, say) or imported torch._dynamo."""
+    _warmed()
     if _unsafe_to_fork():
         return spawn_child(spec, rank, env, workdir)
     sys.stdout.flush()

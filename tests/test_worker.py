@@ -28,6 +28,37 @@ def test_a_worker_that_imported_torch_dynamo_spawns_and_a_plain_one_forks(monkey
     assert worker._unsafe_to_fork()
 
 
+def what_the_rank_started_with():
+    return {"worker": os.getppid(), "warm": all(m in sys.modules for m in worker._WARM_MODULES),
+            "dynamo": "torch._dynamo" in sys.modules}
+
+
+def test_a_worker_whose_ranks_ended_forks_later_ranks_with_torch_dynamos_dependencies(spark_local):
+    # torch.optim's first step imports torch._dynamo (~1.5 s a rank here); its heaviest dependencies are
+    # imported into the idle worker after a run, so later ranks start with them. torch._dynamo itself is not:
+    # the worker would then have to spawn its ranks.
+    finished_a_run, seen = set(), []
+    for _ in range(3):
+        for rank in (Distributor(num_processes=2, verbose=False).run(_each_rank_reports, what_the_rank_started_with)):
+            seen.append((rank["worker"] in finished_a_run, rank["warm"], rank["dynamo"]))
+            finished_a_run.add(rank["worker"])
+    assert any(reused for reused, _, _ in seen)  # local[2] reuses its Python workers
+    assert all(warm for reused, warm, _ in seen if reused)
+    assert not any(dynamo for _, _, dynamo in seen)
+
+
+def _each_rank_reports(fn):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, fn())
+        return everyone
+    finally:
+        dist.destroy_process_group()
+
+
 def register_exit_work(marker, crash):
     import atexit
 
