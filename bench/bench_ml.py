@@ -17,7 +17,11 @@ On a ``local[2]`` SparkSession (loopback only):
      ``--first-fit-sessions`` fresh processes (the figure is the median over all those sessions); then
      ``--fits`` more on other splits (median), each writing its Petastorm cache (a VectorAssembler output
      is a new plan every time); then TorchEstimator alone fitted again on one assembled DataFrame, whose
-     cache is reused. Goal: <= 9 s.
+     cache is reused. Goals (#17): first fit <= 6 s, later fits <= 3 s, held-out accuracy >= 0.93.
+
+These are seconds, not ratios, and this kind of machine is not always as fast: each run also times a fresh
+``import torch`` (median of 3 processes), the fixed cost that dominates a first fit, so that runs on
+different days can be set side by side.
 
 Horovod's own estimator (``horovod.spark.torch.TorchEstimator``) is not run: ``horovod[spark]`` 0.28.1 pins
 ``pyarrow<11`` (this stack needs pyarrow >= 11 for pyspark 3.5 and petastorm 0.12) and imports
@@ -202,6 +206,15 @@ def first_fits_in_fresh_sessions(sessions: int, master: str) -> list:
     return seconds
 
 
+def import_torch_seconds(processes: int = 3) -> float:
+    """Median seconds of ``import torch`` in fresh processes: how fast this machine is today."""
+    import subprocess
+
+    probe = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
+    return statistics.median(float(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                                                  text=True).stdout) for _ in range(processes))
+
+
 def horovod_estimator_status() -> str:
     try:
         from importlib.metadata import requires, version
@@ -257,6 +270,7 @@ def main(argv=None) -> int:
     fit["fresh_session_first_fits"] = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master)
     # The median over every session's first fit: this one's and the fresh sessions'.
     fit["first_fit_median"] = statistics.median([fit["first_fit_seconds"], *fit["fresh_session_first_fits"]])
+    fit["import_torch_seconds"] = import_torch_seconds()
     horovod = horovod_estimator_status()
 
     print(f"\n### TorchModel.transform, 64-64-10 MLP, {args.master} ({os.cpu_count()} cores)\n")
@@ -279,7 +293,8 @@ def main(argv=None) -> int:
     print("\nSpark jobs per Pipeline fit (the cache write, which also checks the values; the training run): "
           + ", ".join(str(j) for j in fit["spark_jobs_per_fit"]))
     print("\nheld-out accuracy of the fits: " + ", ".join(f"{a:.3f}" for a in fit["held_out_accuracy"]))
-    print("\ngoal: <= 9 s. Horovod's TorchEstimator: " + horovod)
+    print(f"\ngoals: first fit <= 6 s, later fits <= 3 s, accuracy >= 0.93. A fresh `import torch` took "
+          f"{fit['import_torch_seconds']:.2f} s on this machine today. Horovod's TorchEstimator: " + horovod)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"transform": transform, "fit": fit, "horovod_estimator": horovod, "master": args.master,

@@ -106,6 +106,8 @@ def main():
             ("TorchModel.transform, rows/s",
              lambda d: f"{d['transform']['methods']['spark_dist TorchModel.transform (pandas_udf)']['rows_per_s']:,.0f}"),
             ("**transform vs row by row**", lambda d: f"**{d['transform']['speedup']:.1f}x**"),
+            ("a fresh `import torch` that day (machine speed)",
+             lambda d: seconds(d["fit"]["import_torch_seconds"]) if "import_torch_seconds" in d["fit"] else "-"),
         ], ml))
     recovery = load("recovery")
     if recovery:
