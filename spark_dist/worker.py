@@ -102,11 +102,12 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
                     yield ResultChunk(slot.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
             yield TaskStatus(slot.task_index, outcome)
     finally:
+        ranks_trained = any(os.path.exists(os.path.join(workdir, _IMPORTED_DYNAMO)) for *_, workdir in started)
         for _, _, child, workdir in started:
             if not supervised:  # a sibling's start failed: the children already running end here
                 child.kill()
             shutil.rmtree(workdir, ignore_errors=True)
-        if in_executor and supervised:
+        if in_executor and ranks_trained:
             _warm_for_next_run()
 
 
@@ -154,12 +155,16 @@ def _preload(backend: str) -> None:
 # are its heaviest dependencies (~0.8 of its ~1.5 s here, BENCHMARKS.md). torch._dynamo itself stays out of the
 # worker (see _unsafe_to_fork); these are plain modules with nothing per thread.
 _WARM_MODULES = ("sympy", "torch.distributed.tensor")
+_IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
 
 
 def _warm_for_next_run() -> None:
-    """Import :data:`_WARM_MODULES` into this reused Python worker in the background once its ranks have
-    ended: it idles between runs, and every later run forks ranks that already have them."""
+    """Import :data:`_WARM_MODULES` into this reused Python worker in the background, at the lowest CPU
+    priority, after a run whose ranks imported torch._dynamo (they trained): the worker idles between runs,
+    and later runs fork ranks that already have these modules. The next fork waits for the imports
+    (:func:`_warmed`), which its ranks would have spent importing the same modules themselves. Runs that
+    do not train (no optimizer step) never start it."""
     global _warming
     if _warming is None and "torch" in sys.modules and any(m not in sys.modules for m in _WARM_MODULES):
         _warming = threading.Thread(target=_import_all, args=(_WARM_MODULES,), daemon=True,
@@ -170,6 +175,10 @@ def _warm_for_next_run() -> None:
 def _import_all(names) -> None:
     import importlib
 
+    try:  # this thread only: the ranks keep the cores they need (Linux's per-thread nice value)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
     for name in names:
         try:
             importlib.import_module(name)
@@ -482,6 +491,11 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         return 1
     finally:
         context._set_context(None)
+        if "torch._dynamo" in sys.modules:  # this rank trained: the worker warms up for the next run
+            try:
+                _write_private(os.path.join(workdir, _IMPORTED_DYNAMO), b"")
+            except OSError:
+                pass  # only a hint
 
 
 def _report_input_wait(ctx, reporter, seconds: float) -> None:

@@ -33,27 +33,34 @@ def what_the_rank_started_with():
             "dynamo": "torch._dynamo" in sys.modules}
 
 
-def test_a_worker_whose_ranks_ended_forks_later_ranks_with_torch_dynamos_dependencies(spark_local):
-    # torch.optim's first step imports torch._dynamo (~1.5 s a rank here); its heaviest dependencies are
-    # imported into the idle worker after a run, so later ranks start with them. torch._dynamo itself is not:
-    # the worker would then have to spawn its ranks.
-    finished_a_run, seen = set(), []
+def test_a_worker_whose_ranks_trained_forks_later_ranks_with_torch_dynamos_dependencies(spark_local):
+    # torch.optim's first step imports torch._dynamo (~1.5 s a rank here); after a run whose ranks did, its
+    # heaviest dependencies are imported into the idle worker, so later ranks start with them. torch._dynamo
+    # itself is not: the worker would then have to spawn its ranks.
+    trained_in, seen = set(), []
     for _ in range(3):
-        for rank in (Distributor(num_processes=2, verbose=False).run(_each_rank_reports, what_the_rank_started_with)):
-            seen.append((rank["worker"] in finished_a_run, rank["warm"], rank["dynamo"]))
-            finished_a_run.add(rank["worker"])
+        for rank in Distributor(num_processes=2, verbose=False).run(_report_then_train, True):
+            seen.append((rank["worker"] in trained_in, rank["warm"], rank["dynamo"]))
+            trained_in.add(rank["worker"])
     assert any(reused for reused, _, _ in seen)  # local[2] reuses its Python workers
     assert all(warm for reused, warm, _ in seen if reused)
     assert not any(dynamo for _, _, dynamo in seen)
 
 
-def _each_rank_reports(fn):
+def _report_then_train(train: bool):
+    """Every rank's state at its start; then, with ``train``, one optimizer step (which imports torch._dynamo)."""
     import torch.distributed as dist
 
+    state = what_the_rank_started_with()
     dist.init_process_group("gloo")
     try:
         everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, fn())
+        dist.all_gather_object(everyone, state)
+        if train:
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
         return everyone
     finally:
         dist.destroy_process_group()
