@@ -39,7 +39,7 @@ def test_a_worker_whose_ranks_trained_forks_later_ranks_with_torch_dynamos_depen
     # itself is not: the worker would then have to spawn its ranks.
     trained_in, seen = set(), []
     for _ in range(3):
-        for rank in Distributor(num_processes=2, verbose=False).run(_report_then_train, True):
+        for rank in Distributor(num_processes=2, verbose=False).run(_report_then_train):
             seen.append((rank["worker"] in trained_in, rank["warm"], rank["dynamo"]))
             trained_in.add(rank["worker"])
     assert any(reused for reused, _, _ in seen)  # local[2] reuses its Python workers
@@ -47,8 +47,8 @@ def test_a_worker_whose_ranks_trained_forks_later_ranks_with_torch_dynamos_depen
     assert not any(dynamo for _, _, dynamo in seen)
 
 
-def _report_then_train(train: bool):
-    """Every rank's state at its start; then, with ``train``, one optimizer step (which imports torch._dynamo)."""
+def _report_then_train():
+    """Every rank's state at its start; then one optimizer step (which imports torch._dynamo)."""
     import torch.distributed as dist
 
     state = what_the_rank_started_with()
@@ -56,11 +56,10 @@ def _report_then_train(train: bool):
     try:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, state)
-        if train:
-            model = torch.nn.Linear(4, 1)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            model(torch.ones(2, 4)).sum().backward()
-            optimizer.step()
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
         return everyone
     finally:
         dist.destroy_process_group()
