@@ -47,7 +47,7 @@ def test_a_run_logs_into_the_users_active_run_and_leaves_it_open(spark_local, fi
     assert run.info.run_name == "mine" and len(file_store.get_metric_history(run.info.run_id, "loss")) == 3
 
 
-def test_the_estimator_logs_its_history_and_model(spark_local, file_store):
+def test_the_estimator_logs_its_history_and_model(spark_local, file_store, tmp_path):
     from spark_dist.ml import TorchModel
     from test_ml import digits_pandas, digits_pipeline
 
@@ -59,7 +59,7 @@ def test_the_estimator_logs_its_history_and_model(spark_local, file_store):
     assert run.data.params["epochs"] == "2" and run.info.status == "FINISHED"
     assert [m.step for m in file_store.get_metric_history(run.info.run_id, "train_loss")] == [0, 1]
     path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="model",
-                                               tracking_uri=mlflow.get_tracking_uri())
+                                               tracking_uri=mlflow.get_tracking_uri(), dst_path=str(tmp_path))
     loaded = TorchModel.load(path)
     assert loaded.history == fitted.stages[-1].history
 
