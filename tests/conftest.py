@@ -72,23 +72,7 @@ def _group(item):
     return 0
 
 
-# The suite in two parts that can run at once (scripts/test_lines.sh runs both parts of both Spark lines side
-# by side): the tests that start their own processes (spark-submit, a notebook's kernel, pip, torchrun) and
-# need none of the shared set-ups, and those that use the shared set-ups. A plain ``pytest`` runs both.
-PARTS = {"own-processes": lambda group: group == 0, "shared-setups": lambda group: group != 0}
-
-
-def pytest_addoption(parser):
-    parser.addoption("--part", choices=sorted(PARTS), default=None,
-                     help="run only this part of the suite (default: all of it)")
-
-
 def pytest_collection_modifyitems(session, config, items):
-    part = config.getoption("--part")
-    if part is not None:
-        keep = [item for item in items if PARTS[part](_group(item))]
-        config.hook.pytest_deselected(items=[item for item in items if not PARTS[part](_group(item))])
-        items[:] = keep
     items.sort(key=_group)  # stable: file order within a group
 
 
