@@ -157,14 +157,17 @@ def _preload(backend: str) -> None:
 _WARM_MODULES = ("sympy", "torch.distributed.tensor")
 _IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
+_warming_tid: Optional[int] = None  # the warm-up thread's native id while it runs at the lowest priority
+_LOWEST_NICE = 19
 
 
 def _warm_for_next_run() -> None:
-    """Import :data:`_WARM_MODULES` into this reused Python worker in the background, at the lowest CPU
-    priority, after a run whose ranks imported torch._dynamo (they trained): the worker idles between runs,
-    and later runs fork ranks that already have these modules. The next fork waits for the imports
-    (:func:`_warmed`), which its ranks would have spent importing the same modules themselves. Runs that
-    do not train (no optimizer step) never start it."""
+    """Import :data:`_WARM_MODULES` into this reused Python worker in the background after a run whose ranks
+    imported torch._dynamo (they trained): the worker idles between runs, and later runs fork ranks that
+    already have these modules. The next fork waits for the imports (:func:`_warmed`), which its ranks would
+    have spent importing the same modules themselves. Runs that do not train (no optimizer step) never start
+    it. The imports run at the lowest CPU priority only where :func:`_warmed` may lift it again: a thread left
+    at nice 19 on a busy machine gets ~1.5% of a core, and the fork waiting on it would wait for that."""
     global _warming
     if _warming is None and "torch" in sys.modules and any(m not in sys.modules for m in _WARM_MODULES):
         _warming = threading.Thread(target=_import_all, args=(_WARM_MODULES,), daemon=True,
@@ -175,21 +178,55 @@ def _warm_for_next_run() -> None:
 def _import_all(names) -> None:
     import importlib
 
-    try:  # this thread only: the ranks keep the cores they need (Linux's per-thread nice value)
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
+    global _warming_tid
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice < _LOWEST_NICE and _may_lift_priority_to(nice):
+        try:  # this thread only: other work keeps the cores while the worker idles (Linux's per-thread nice)
+            _warming_tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, _warming_tid, _LOWEST_NICE)
+        except (AttributeError, OSError):
+            _warming_tid = None
+    try:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 -- only a head start: the rank imports what it needs itself
+                pass
+    finally:
+        _warming_tid = None
+
+
+def _may_lift_priority_to(nice: int) -> bool:
+    """Whether this process may set a thread's nice value back down to ``nice``: with CAP_SYS_NICE, or where
+    RLIMIT_NICE allows it (its soft limit ``r`` allows nice values down to ``20 - r``)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+        if soft == resource.RLIM_INFINITY or 20 - soft <= nice:
+            return True
+    except (ImportError, AttributeError, OSError, ValueError):
         pass
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 -- only a head start: the rank imports what it needs itself
-            pass
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 23 & 1)  # bit 23: CAP_SYS_NICE
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _warmed() -> None:
     """Wait for the background imports: a fork while another thread holds the import lock would leave it
-    held forever in the child."""
+    held forever in the child. The imports first get this thread's priority back: the fork is waiting."""
     if _warming is not None:
+        tid = _warming_tid
+        if tid is not None and _warming.is_alive():
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, 0))
+            except OSError:  # the thread ended meanwhile, or the limits changed: the join still waits
+                pass
         _warming.join()
 
 

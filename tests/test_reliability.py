@@ -348,9 +348,23 @@ def test_ctrl_c_on_the_driver_stops_the_ranks_and_the_job(spark_local, tmp_path)
     with pytest.raises(KeyboardInterrupt):
         d.run(record_pid_and_sleep, str(tmp_path))
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
-    time.sleep(1.0)
     assert len(pids) == 2
-    assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+
+    def running():
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+    # The ranks' supervisors kill them once they see the run's abort key: promptly, but on a loaded machine
+    # (the suite runs both Spark lines at once) not always within a fixed second.
+    deadline = time.monotonic() + 20
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running() == []
     assert _leftovers(d.last_run_id) == []
     assert Distributor(num_processes=2, verbose=False).run(simple_sum) == 1.0  # the session still works
 
