@@ -25,6 +25,12 @@ SPARK_4 = int(__import__("pyspark").__version__.split(".")[0]) >= 4
 OLDEST_SPARK_4 = ("pyspark==4.0.5", "pyarrow==18.1.0", "numpy==2.0.2", "pandas==2.2.3")
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> str:
+    """The wheel, built once for the module's tests."""
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 def _build_wheel(tmp_path) -> str:
     """The wheel, built from a copy of the sources (so the checkout gets no build/ or egg-info)."""
     src = tmp_path / "src"
@@ -73,8 +79,7 @@ def _versions(python) -> dict:
     pytest.param(OLDEST_SPARK_4, id="oldest-spark4", marks=pytest.mark.skipif(
         not SPARK_4, reason="the oldest Spark 4 stack is checked from the Spark 4 line's environment")),
 ])
-def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path, users_stack):
-    wheel = _build_wheel(tmp_path)
+def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path, users_stack, wheel):
     python = _user_env(tmp_path)
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
     env = dict(os.environ, PYTHONPATH="")
