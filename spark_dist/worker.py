@@ -158,6 +158,8 @@ _WARM_MODULES = ("sympy", "torch.distributed.tensor")
 _IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
 _warming_tid: Optional[int] = None  # the warm-up thread's native id while it runs at the lowest priority
+_warming_lifted = False  # a fork is waiting: the warm-up must not go (back) to the lowest priority
+_warming_priority = threading.Lock()  # orders the warm-up's lowering against a fork's lifting
 _LOWEST_NICE = 19
 
 
@@ -181,11 +183,13 @@ def _import_all(names) -> None:
     global _warming_tid
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     if nice < _LOWEST_NICE and _may_lift_priority_to(nice):
-        try:  # this thread only: other work keeps the cores while the worker idles (Linux's per-thread nice)
-            _warming_tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, _warming_tid, _LOWEST_NICE)
-        except (AttributeError, OSError):
-            _warming_tid = None
+        with _warming_priority:
+            if not _warming_lifted:
+                try:  # this thread only: other work keeps the cores while the worker idles (per-thread nice)
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _LOWEST_NICE)
+                    _warming_tid = threading.get_native_id()
+                except (AttributeError, OSError):
+                    pass
     try:
         for name in names:
             try:
@@ -220,13 +224,15 @@ def _may_lift_priority_to(nice: int) -> bool:
 def _warmed() -> None:
     """Wait for the background imports: a fork while another thread holds the import lock would leave it
     held forever in the child. The imports first get this thread's priority back: the fork is waiting."""
+    global _warming_lifted
     if _warming is not None:
-        tid = _warming_tid
-        if tid is not None and _warming.is_alive():
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, 0))
-            except OSError:  # the thread ended meanwhile, or the limits changed: the join still waits
-                pass
+        with _warming_priority:
+            _warming_lifted = True
+            if _warming_tid is not None and _warming.is_alive():
+                try:
+                    os.setpriority(os.PRIO_PROCESS, _warming_tid, os.getpriority(os.PRIO_PROCESS, 0))
+                except OSError:  # the thread ended meanwhile, or the limits changed: the join still waits
+                    pass
         _warming.join()
 
 

@@ -79,6 +79,7 @@ def test_a_fork_lifts_the_warm_up_off_the_lowest_priority_before_waiting_for_it(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(worker, "_WARM_MODULES", ("slow_warm_module",))
     monkeypatch.setattr(worker, "_warming", None)
+    monkeypatch.setattr(worker, "_warming_lifted", False)
     worker._warm_for_next_run()
     time.sleep(0.2)  # the import is under way, at the lowest priority
     worker._warmed()
