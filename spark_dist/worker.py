@@ -157,7 +157,6 @@ def _preload(backend: str) -> None:
 _WARM_MODULES = ("sympy", "torch.distributed.tensor")
 _IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
-_warming_tid: Optional[int] = None  # the warm-up thread's native id while it runs at the lowest priority
 _warming_lifted = False  # a fork is waiting: the warm-up must not go (back) to the lowest priority
 _warming_priority = threading.Lock()  # orders the warm-up's lowering against a fork's lifting
 _LOWEST_NICE = 19
@@ -180,24 +179,19 @@ def _warm_for_next_run() -> None:
 def _import_all(names) -> None:
     import importlib
 
-    global _warming_tid
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     if nice < _LOWEST_NICE and _may_lift_priority_to(nice):
         with _warming_priority:
             if not _warming_lifted:
                 try:  # this thread only: other work keeps the cores while the worker idles (per-thread nice)
                     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _LOWEST_NICE)
-                    _warming_tid = threading.get_native_id()
                 except (AttributeError, OSError):
                     pass
-    try:
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 -- only a head start: the rank imports what it needs itself
-                pass
-    finally:
-        _warming_tid = None
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 -- only a head start: the rank imports what it needs itself
+            pass
 
 
 def _may_lift_priority_to(nice: int) -> bool:
@@ -228,9 +222,9 @@ def _warmed() -> None:
     if _warming is not None:
         with _warming_priority:
             _warming_lifted = True
-            if _warming_tid is not None and _warming.is_alive():
+            if _warming.is_alive():  # the caller's own nice: a no-op where the warm-up never lowered it
                 try:
-                    os.setpriority(os.PRIO_PROCESS, _warming_tid, os.getpriority(os.PRIO_PROCESS, 0))
+                    os.setpriority(os.PRIO_PROCESS, _warming.native_id, os.getpriority(os.PRIO_PROCESS, 0))
                 except OSError:  # the thread ended meanwhile, or the limits changed: the join still waits
                     pass
         _warming.join()
