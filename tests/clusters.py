@@ -69,6 +69,27 @@ def _wait_for(what, check, timeout, interval=0.2):
         time.sleep(interval)
 
 
+def running(pids):
+    """Those of ``pids`` still running: a zombie has exited (only its parent has not reaped it yet)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def still_running_after(pids, timeout=20):
+    """Those of ``pids`` still running once they all exited or ``timeout`` seconds passed: processes being
+    stopped may take more than a fixed second on a loaded machine (the suite runs both Spark lines at once)."""
+    deadline = time.monotonic() + timeout
+    while running(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return running(pids)
+
+
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: the forked child only calls it
 
 

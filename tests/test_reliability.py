@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 
+from clusters import still_running_after
 from spark_dist import Distributor, RunTimeoutError, TrainingFailedError, get_context
 
 
@@ -162,9 +163,7 @@ def test_after_a_failure_no_rank_process_or_temp_dir_is_left(spark_local, tmp_pa
     with pytest.raises(TrainingFailedError):
         d.run(record_pid_then_block, str(tmp_path))
     pids = [int(open(tmp_path / f"rank{r}.pid").read()) for r in (0, 1)]
-    time.sleep(0.5)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    assert still_running_after(pids) == []
     assert _leftovers(d.last_run_id) == []
 
 
@@ -349,22 +348,7 @@ def test_ctrl_c_on_the_driver_stops_the_ranks_and_the_job(spark_local, tmp_path)
         d.run(record_pid_and_sleep, str(tmp_path))
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert len(pids) == 2
-
-    def running():
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
-    # The ranks' supervisors kill them once they see the run's abort key: promptly, but on a loaded machine
-    # (the suite runs both Spark lines at once) not always within a fixed second.
-    deadline = time.monotonic() + 20
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert running() == []
+    assert still_running_after(pids) == []  # the ranks' supervisors kill them once they see the abort key
     assert _leftovers(d.last_run_id) == []
     assert Distributor(num_processes=2, verbose=False).run(simple_sum) == 1.0  # the session still works
 
