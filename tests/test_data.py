@@ -259,6 +259,47 @@ def test_handle_pickles_for_the_ranks(mixed):
     assert again == mixed and isinstance(again, DatasetHandle)
 
 
+@pytest.mark.parametrize("array", [
+    pa.array(np.arange(50, dtype=np.int64)).slice(7, 30),
+    pa.array(np.linspace(0, 1, 50, dtype=np.float32)).slice(3),
+    pa.array([1.5, None, 2.5]),                              # nulls: pyarrow's own conversion
+    pa.array([True, False, True] * 5).slice(1, 9),           # bits, not a values buffer
+], ids=["int64 sliced", "float32 sliced", "with nulls", "bool"])
+def test_a_ranks_numpy_views_match_pyarrows_conversion(array):
+    from spark_dist.data.loader import _list_values, _to_numpy
+
+    np.testing.assert_array_equal(_to_numpy(array), array.to_numpy(zero_copy_only=False))
+    lists = pa.ListArray.from_arrays(pa.array(range(0, len(array) + 1, 1), pa.int32()), array).slice(2)
+    np.testing.assert_array_equal(_list_values(lists), lists.flatten().to_numpy(zero_copy_only=False))
+
+
+def test_a_ranks_first_epoch_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
+    # A rank is a fresh process: pyarrow's to_numpy imports pandas on its first call (0.26 s) and flatten()
+    # pyarrow.compute (0.07 s), and the first batch of every training run waited for both.
+    import subprocess
+    import sys
+
+    import pickle
+
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"x": pa.array([[float(i), -float(i)] for i in range(100)], pa.list_(pa.float32())),
+                             "label": np.arange(100)}), path)
+    handle = describe_files("d", f"file://{tmp_path}", [f"file://{path}"], {"x": "array", "label": "scalar"},
+                            {"x": ColumnStats(length=2)})
+    (tmp_path / "handle.pkl").write_bytes(pickle.dumps(handle))  # as a rank gets it
+    code = f"""if True:
+        import pickle, sys
+        from spark_dist.data import make_loader
+        handle = pickle.load(open("{tmp_path / 'handle.pkl'}", "rb"))
+        batch = next(iter(make_loader(handle, rank=0, world_size=1, batch_size=10)))
+        assert batch["x"].shape == (10, 2) and (batch["x"][:, 0] == batch["label"]).all(), batch
+        print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["[]"]
+
+
 def test_loader_times_the_wait_and_stops_its_thread_on_break(mixed):
     loader = make_loader(mixed, rank=0, world_size=2, batch_size=10)
     for i, _ in enumerate(loader):
