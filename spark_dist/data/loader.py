@@ -372,11 +372,12 @@ def _to_numpy(arr) -> np.ndarray:
     call in a process (0.26 s here), and every rank is a new process whose first batch waited for that."""
     import pyarrow as pa
 
-    if (arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type))
-            and len(arr.buffers()) == 2):
-        # By the type's name: pyarrow 14's to_pandas_dtype() imports pandas too.
-        dtype = np.dtype(_FLOAT_NAMES.get(str(arr.type), str(arr.type)))
-        return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        buffers = arr.buffers()  # a new list of Buffer objects each call: once per chunk and column
+        if len(buffers) == 2:
+            # By the type's name: pyarrow 14's to_pandas_dtype() imports pandas too.
+            dtype = np.dtype(_FLOAT_NAMES.get(str(arr.type), str(arr.type)))
+            return np.frombuffer(buffers[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
     return arr.to_numpy(zero_copy_only=False)
 
 
