@@ -5,9 +5,9 @@ printed (``[rank N] ...``, relayed by spark_dist) and, where it reports, the dri
 lines. Afterwards no kernel, JVM or rank the notebook started may be left running.
 
 The quickstart runs on both Spark lines, every other notebook on one: Spark ML (03) and the way over from
-TorchDistributor (05) on the default line (4), data (02) and Horovod (04) on 3.5. All five cost ~6 minutes a
-line, and both lines' suites share two cores within a 30-minute budget; the API a notebook uses is tested
-on its other line by the rest of the suite."""
+TorchDistributor (05) on the default line (4), data (02) and Horovod (04) on 3.5. All five on both lines would
+add ~4 minutes to each line, and both lines' suites share two cores within a 30-minute budget; the API a
+notebook uses is tested on its other line by the rest of the suite."""
 import json
 import os
 import re
