@@ -1,4 +1,5 @@
 """Entry of a local-mode rank process: ``python -m spark_dist._rank_main LAUNCH_FILE``."""
+import atexit
 import os
 import pickle
 import sys
@@ -12,4 +13,12 @@ if __name__ == "__main__":
     with open(sys.argv[1], "rb") as f:
         spec, rank, env, workdir = pickle.load(f)
     os.unlink(sys.argv[1])  # it holds the run's secret: read once, then gone
-    sys.exit(child_main(spec, rank, env, workdir))
+    code = child_main(spec, rank, env, workdir)
+    # Exit as a forked rank does: the rank's own exit handlers, then no interpreter teardown, which would free
+    # the process groups spark_dist.teardown keeps (and could hang in torch's gloo destructor).
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)

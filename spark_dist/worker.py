@@ -151,10 +151,11 @@ def _preload(backend: str) -> None:
             pass  # the rank's own import reports it
 
 
-# What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo, and these
-# are its heaviest dependencies (~0.8 of its ~1.5 s here, BENCHMARKS.md). torch._dynamo itself stays out of the
-# worker (see _unsafe_to_fork); these are plain modules with nothing per thread.
-_WARM_MODULES = ("sympy", "torch.distributed.tensor")
+# What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo (~0.8-1.3 s
+# a rank here after sympy and torch.distributed.tensor, its heaviest dependencies, ~1.5-2 s without them;
+# BENCHMARKS.md). None of them starts a thread. Ranks forked from a worker holding torch._dynamo used to hang
+# now and then at exit; that was torch's gloo teardown, which spark_dist.teardown now keeps them out of.
+_WARM_MODULES = ("sympy", "torch.distributed.tensor", "torch._dynamo")
 _IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
 _warming_lifted = False  # a fork is waiting: the warm-up must not go (back) to the lowest priority
@@ -231,13 +232,10 @@ def _warmed() -> None:
 
 
 def _unsafe_to_fork() -> bool:
-    """A forked rank cannot use CUDA once this worker has initialised it; and ranks forked from a worker that
-    has imported torch._dynamo were seen to hang now and then (4 of ~30 runs here), so spawn for those too."""
+    """A forked rank cannot use CUDA once this worker has initialised it."""
     torch = sys.modules.get("torch")
     if torch is None:
         return False
-    if "torch._dynamo" in sys.modules:
-        return True
     try:
         return bool(torch.cuda.is_initialized())
     except Exception:  # noqa: BLE001 -- a torch without CUDA support
@@ -406,7 +404,7 @@ def _with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
 
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
     """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
-    has initialised CUDA (a GPU ``transform`` ran here, say) or imported torch._dynamo."""
+    has initialised CUDA (a GPU ``transform`` ran here, say)."""
     _warmed()
     if _unsafe_to_fork():
         return spawn_child(spec, rank, env, workdir)
@@ -480,9 +478,10 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
 
     import cloudpickle
 
-    from . import context
+    from . import context, teardown
 
     os.environ.update(env)
+    teardown.keep_process_groups_until_exit()  # a rank that frees its DDP model could hang at exit otherwise
     faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout
     if spec.collective_timeout:

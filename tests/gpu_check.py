@@ -93,10 +93,9 @@ def check_fork_after_cuda(handle, use_gpu):
         launcher.spawn_child = worker.fork_child
         Distributor(num_processes=1, local_mode=True, use_gpu=use_gpu, verbose=False).run(
             train_ranks, train_spec(use_gpu), datasets={"train": handle})
-        # On a GPU the fallback must have been taken (CUDA is live here); without one it is taken only if
-        # this process happens to have imported torch._dynamo.
+        # On a GPU the fallback must have been taken (CUDA is live here); without one it is never taken.
         notes.append(f"spawned instead of forked: {real_unsafe()}, run ok")
-        ok = real_unsafe() if use_gpu else real_unsafe() == ("torch._dynamo" in sys.modules)
+        ok = real_unsafe() if use_gpu else not real_unsafe()
         if use_gpu:
             worker._unsafe_to_fork = lambda: False  # force the fork the fallback avoids
             try:
