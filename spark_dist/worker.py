@@ -435,17 +435,22 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         except BaseException:
             traceback.print_exc()
         finally:
-            try:
-                # What the rank registered itself (MLflow, TensorBoard and wandb flush their runs here);
-                # os._exit below would skip them, and a forked child must not run the worker's own exit.
-                atexit._run_exitfuncs()
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            exit_rank(code)
     os.close(write_fd)
     os.close(out_write)
     return _ChildProcess(pid, out_read, read_fd)
+
+
+def exit_rank(code: int) -> None:
+    """End a rank process: the exit handlers the rank registered itself (MLflow, TensorBoard and wandb flush
+    their runs here), then ``os._exit``. No interpreter teardown: a forked rank must not run the worker's own,
+    and freeing the process groups :mod:`spark_dist.teardown` keeps could hang in torch's gloo destructor."""
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
