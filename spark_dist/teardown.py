@@ -7,7 +7,8 @@ worker thread that is still releasing its last collective (a tensor Python also 
 needs the GIL to do so: neither thread moves, and the rank never exits. gdb showed exactly that in hung ranks
 here (``~ProcessGroupGloo`` joining ``pt_gloo_runloop``, which waits in ``take_gil``), about one run in five
 to eight under load. A rank ends with ``os._exit`` (see :mod:`spark_dist.worker`), which frees nothing, so a
-group kept referenced here never reaches that destructor; its sockets and threads go with the process.
+group kept referenced here never reaches that destructor; its sockets and threads go with the process. (A rank
+that creates and destroys many groups holds them all until it ends: two gloo threads and a few sockets each.)
 """
 from __future__ import annotations
 
