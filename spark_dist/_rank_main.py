@@ -2,6 +2,7 @@
 import os
 import pickle
 import sys
+import threading
 
 from .worker import _die_with_parent, child_main, exit_rank
 
@@ -12,4 +13,6 @@ if __name__ == "__main__":
     with open(sys.argv[1], "rb") as f:
         spec, rank, env, workdir = pickle.load(f)
     os.unlink(sys.argv[1])  # it holds the run's secret: read once, then gone
-    exit_rank(child_main(spec, rank, env, workdir))  # as a forked rank exits: no interpreter teardown
+    code = child_main(spec, rank, env, workdir)
+    threading._shutdown()  # the rank's own threads finish first, as they did when this ended with sys.exit
+    exit_rank(code)  # then as a forked rank exits: no interpreter teardown

@@ -5,26 +5,31 @@ torch (2.13 here) can hang a rank at the end of training. DDP's reducer holds it
 returns) runs the gloo group's destructor, which joins gloo's worker threads *while holding the GIL*. A
 worker thread that is still releasing its last collective (a tensor Python also saw, or a future's callback)
 needs the GIL to do so: neither thread moves, and the rank never exits. gdb showed exactly that in hung ranks
-here (``~ProcessGroupGloo`` joining ``pt_gloo_runloop``, which waits in ``take_gil``), about one run in five
-to eight under load. A rank ends with ``os._exit`` (see :mod:`spark_dist.worker`), which frees nothing, so a
+here (``~ProcessGroupGloo`` joining ``pt_gloo_runloop``, which waits in ``take_gil``), in 1 of 3 to 1 of 25
+runs depending on load and on what the worker had imported (BENCHMARKS.md). A rank ends with ``os._exit`` (see :mod:`spark_dist.worker`), which frees nothing, so a
 group kept referenced here never reaches that destructor; its sockets and threads go with the process. (A rank
-that creates and destroys many groups holds them all until it ends: two gloo threads and a few sockets each.)
+that creates and destroys many groups holds them all until it ends: each gloo group its threads, two by
+default, and a socket per peer.)
 """
 from __future__ import annotations
 
 import functools
 import importlib.abc
-import importlib.util
 import sys
 from typing import List
 
 _C10D = "torch.distributed.distributed_c10d"
-_kept: List[object] = []  # the destroyed process groups, never freed before the rank's os._exit
+_kept: List[object] = []  # the process groups destroyed here, never freed before the rank's os._exit
 
 
 def keep_process_groups_until_exit() -> None:
     """Make ``torch.distributed.destroy_process_group`` keep the groups it destroys referenced: now if
-    torch.distributed is imported, else as soon as it is (a spawned rank imports torch in the user's code)."""
+    torch.distributed is imported, else as soon as it is (a spawned rank imports torch in the user's code).
+
+    Not covered: code that bound ``destroy_process_group`` by name before this ran, and groups dropped by
+    ``_abort_process_group`` or ``shrink_group`` (NCCL's own paths). A kept group keeps its store too: a rank
+    that destroys a group whose store it hosts on a fixed ``tcp://`` port cannot host a new one on that port
+    (``init_process_group()`` under spark_dist joins the driver's store instead, so it is not affected)."""
     c10d = sys.modules.get(_C10D)
     if c10d is not None:
         _wrap(c10d)
@@ -50,30 +55,50 @@ def _wrap(c10d) -> None:
 
 
 def _groups_destroyed_by(c10d, group) -> list:
-    """Every group when ``group`` is the default one (torch destroys them all then), else ``group``."""
+    """The live groups ``destroy_process_group(group)`` will destroy: all of them for the default group (or
+    ``None``), else ``group``; nothing for a group torch does not know (it raises, or returns)."""
+    live = getattr(getattr(c10d, "_world", None), "pg_map", None)  # private: without it, trust the argument
     world = c10d.GroupMember.WORLD
-    if group is None or group == world:
-        groups = getattr(getattr(c10d, "_world", None), "pg_map", None)  # private: fall back to the default
-        return list(groups) if groups else [world]
-    return [group]
+    if group is None or group is world:
+        candidates = list(live) if live else [world]
+    else:
+        candidates = [group]
+    return [g for g in candidates
+            if g is not None and g is not c10d.GroupMember.NON_GROUP_MEMBER and (live is None or g in live)]
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Wraps ``destroy_process_group`` right after ``distributed_c10d`` runs, before ``torch.distributed``
-    re-exports it."""
+    """Finds ``distributed_c10d`` through the other finders and hands back its spec with a loader that wraps
+    ``destroy_process_group`` right after the module runs, before ``torch.distributed`` re-exports it."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != _C10D:
             return None
-        sys.meta_path.remove(self)  # once; and the other finders find the module itself
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module = spec.loader.exec_module
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _WrappingLoader(spec.loader)
+                return spec
+        return None
 
-        def exec_and_wrap(module):
-            exec_module(module)
+
+class _WrappingLoader(importlib.abc.Loader):
+    """``distributed_c10d``'s own loader, which then wraps ``destroy_process_group``; everything else (source,
+    file name, resources) is the original loader's."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        if module.__name__ == _C10D and hasattr(module, "destroy_process_group"):
             _wrap(module)
 
-        spec.loader.exec_module = exec_and_wrap  # this module's own loader instance
-        return spec
+    def __getattr__(self, name):
+        return getattr(self._loader, name)

@@ -154,7 +154,8 @@ def _preload(backend: str) -> None:
 # What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo (~0.8-1.3 s
 # a rank here after sympy and torch.distributed.tensor, its heaviest dependencies, ~1.5-2 s without them;
 # BENCHMARKS.md). None of them starts a thread. Ranks forked from a worker holding torch._dynamo used to hang
-# now and then at exit; that was torch's gloo teardown, which spark_dist.teardown now keeps them out of.
+# now and then at exit; gdb showed torch's gloo teardown in such a hang, which spark_dist.teardown keeps ranks
+# out of (no hang in 60 runs since, against 2 in 45 without it).
 _WARM_MODULES = ("sympy", "torch.distributed.tensor", "torch._dynamo")
 _IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
@@ -442,15 +443,32 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
 
 
 def exit_rank(code: int) -> None:
-    """End a rank process: the exit handlers the rank registered itself (MLflow, TensorBoard and wandb flush
-    their runs here), then ``os._exit``. No interpreter teardown: a forked rank must not run the worker's own,
-    and freeing the process groups :mod:`spark_dist.teardown` keeps could hang in torch's gloo destructor."""
+    """End a rank process: the exit handlers registered in it (MLflow, TensorBoard and wandb flush their runs
+    here; a forked rank's also hold what the worker registered before forking, none of which exits the
+    worker), every buffered output line, then ``os._exit``. No interpreter teardown: a forked rank must not run
+    the worker's own, and freeing the process groups :mod:`spark_dist.teardown` keeps could hang in torch's
+    gloo destructor."""
     try:
         atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed by the rank's code
+                pass
+        _flush_c_stdio()
     finally:
         os._exit(code)
+
+
+def _flush_c_stdio() -> None:
+    """What C or C++ code printed (``printf``, ``std::cout`` through stdio) and still buffers: ``exit()`` would
+    flush it, ``os._exit`` does not."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
 
 
 def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
@@ -532,7 +550,9 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         return 1
     finally:
         context._set_context(None)
-        if "torch._dynamo" in sys.modules:  # this rank trained: the worker warms up for the next run
+        # A rank that trained imported torch._dynamo (torch.optim's step does): the worker warms up for the next
+        # run. A rank forked from a worker already warm has it anyway; the warm-up then has nothing to do.
+        if "torch._dynamo" in sys.modules:
             try:
                 _write_private(os.path.join(workdir, _IMPORTED_DYNAMO), b"")
             except OSError:
