@@ -14,12 +14,14 @@ default, and a socket per peer.)
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 from typing import List
 
+from .import_hooks import PatchOnImport
+
 _C10D = "torch.distributed.distributed_c10d"
 _kept: List[object] = []  # the process groups destroyed here, never freed before the rank's os._exit
+_hooked = False
 
 
 def keep_process_groups_until_exit() -> None:
@@ -30,16 +32,18 @@ def keep_process_groups_until_exit() -> None:
     ``_abort_process_group`` or ``shrink_group`` (NCCL's own paths). A kept group keeps its store too: a rank
     that destroys a group whose store it hosts on a fixed ``tcp://`` port cannot host a new one on that port
     (``init_process_group()`` under spark_dist joins the driver's store instead, so it is not affected)."""
+    global _hooked
     c10d = sys.modules.get(_C10D)
     if c10d is not None:
         _wrap(c10d)
-    elif not any(isinstance(finder, _WrapOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _WrapOnImport())
+    elif not _hooked:  # wrapped right after distributed_c10d runs, before torch.distributed re-exports it
+        sys.meta_path.insert(0, PatchOnImport(lambda name: name == _C10D, _wrap))
+        _hooked = True
 
 
 def _wrap(c10d) -> None:
-    original = c10d.destroy_process_group
-    if getattr(original, "_spark_dist_keeps_groups", False):
+    original = getattr(c10d, "destroy_process_group", None)
+    if original is None or getattr(original, "_spark_dist_keeps_groups", False):
         return
 
     @functools.wraps(original)
@@ -65,40 +69,3 @@ def _groups_destroyed_by(c10d, group) -> list:
         candidates = [group]
     return [g for g in candidates
             if g is not None and g is not c10d.GroupMember.NON_GROUP_MEMBER and (live is None or g in live)]
-
-
-class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Finds ``distributed_c10d`` through the other finders and hands back its spec with a loader that wraps
-    ``destroy_process_group`` right after the module runs, before ``torch.distributed`` re-exports it."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _C10D:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _WrappingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _WrappingLoader(importlib.abc.Loader):
-    """``distributed_c10d``'s own loader, which then wraps ``destroy_process_group``; everything else (source,
-    file name, resources) is the original loader's."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        if module.__name__ == _C10D and hasattr(module, "destroy_process_group"):
-            _wrap(module)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)

@@ -23,47 +23,20 @@ Not supported (they raise, as on the new pyarrow without this module): Petastorm
 (use a ``file://`` mount or an fsspec URL), hive-partitioned datasets (``materialize_dataset`` with
 ``partition_by``), and ``petastorm.tf_utils`` (TensorFlow is not part of this stack).
 """
-import importlib.abc
 import sys
 import threading
 import types
+
+from ..import_hooks import PatchOnImport
 
 _lock = threading.Lock()
 _installed = False
 _plan = None  # {name: value} to give Petastorm modules, decided when Petastorm is first imported
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of every ``petastorm`` module so that the module is patched right after it runs."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "petastorm" and not name.startswith("petastorm."):
-            return None
-        if not _prepare():
-            return None
-        for finder in sys.meta_path:
-            if finder is not self and hasattr(finder, "find_spec"):
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _PatchingLoader(spec.loader)
-                    return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _patch(module)
-
-    def __getattr__(self, name):  # is_package, get_source, resource readers: the real loader's
-        return getattr(self._loader, name)
+def _wants(name: str) -> bool:
+    """Every ``petastorm`` module, once the patch plan is made (none on a stack that needs none)."""
+    return (name == "petastorm" or name.startswith("petastorm.")) and _prepare()
 
 
 def install() -> None:
@@ -75,7 +48,7 @@ def install() -> None:
     with _lock:
         if _installed:
             return
-        sys.meta_path.insert(0, _Finder())
+        sys.meta_path.insert(0, PatchOnImport(_wants, _patch))
         _installed = True
     if any(name == "petastorm" or name.startswith("petastorm.") for name in sys.modules):
         if _prepare():  # imported before spark_dist: patch what is there (a later import is patched anyway)
