@@ -443,11 +443,10 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
 
 
 def exit_rank(code: int) -> None:
-    """End a rank process: the exit handlers registered in it (MLflow, TensorBoard and wandb flush their runs
-    here; a forked rank's also hold what the worker registered before forking, none of which exits the
-    worker), every buffered output line, then ``os._exit``. No interpreter teardown: a forked rank must not run
-    the worker's own, and freeing the process groups :mod:`spark_dist.teardown` keeps could hang in torch's
-    gloo destructor."""
+    """End a rank process: the exit handlers the rank registered itself (MLflow, TensorBoard and wandb flush
+    their runs here; a forked rank cleared the worker's when it started), every buffered output line, then
+    ``os._exit``. No interpreter teardown: a forked rank must not run the worker's own, and freeing the
+    process groups :mod:`spark_dist.teardown` keeps could hang in torch's gloo destructor."""
     try:
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
