@@ -151,12 +151,12 @@ def _preload(backend: str) -> None:
             pass  # the rank's own import reports it
 
 
-# What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo (~0.8-1.3 s
-# a rank here after sympy and torch.distributed.tensor, its heaviest dependencies, ~1.5-2 s without them;
+# What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo (~1.5-2 s a
+# rank here, ~0.8 s of it its heaviest dependencies, sympy and torch.distributed.tensor, which it imports itself;
 # BENCHMARKS.md). None of them starts a thread. Ranks forked from a worker holding torch._dynamo used to hang
 # now and then at exit; gdb showed torch's gloo teardown in such a hang, which spark_dist.teardown keeps ranks
 # out of (no hang in 60 runs since, against 2 in 45 without it).
-_WARM_MODULES = ("sympy", "torch.distributed.tensor", "torch._dynamo")
+_WARM_MODULES = ("torch._dynamo",)
 _IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
 _warming: Optional[threading.Thread] = None
 _warming_lifted = False  # a fork is waiting: the warm-up must not go (back) to the lowest priority
