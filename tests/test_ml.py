@@ -256,6 +256,44 @@ def test_train_validation_split_over_learning_rate_and_epochs(spark_local):
     assert best.getLearningRate() == 0.01 and best.getEpochs() == 2 and len(best.history) == 2
 
 
+def test_fit_and_transform_record_no_call_site(spark_local, monkeypatch):
+    """PySpark 4 records its caller's stack on every ``F.col`` and ``Column`` method (three py4j calls, and an
+    IPython import on the first where IPython is installed). spark_dist builds its Columns from SQL text, so a
+    fit (vector features, a validation column, the label range) and transforms (classification outputs, stacked
+    columns, a width measured from the data) record none."""
+    import traceback
+
+    from pyspark.errors import utils as errors_utils
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    if not hasattr(errors_utils, "_capture_call_site"):
+        pytest.skip("PySpark before 4 records no call site")
+    df = VectorAssembler(inputCols=PIXELS, outputCol="features").transform(
+        spark_local.createDataFrame(digits_pandas())).withColumn("holdout", F.col("id") % 5 == 0)
+    no_width = df.select(F.array(*PIXELS).alias("pixels"), "label")  # an array column: no size in the schema
+    recorded = []
+
+    def record(depth):  # where in spark_dist (or here) the Column was made
+        made_at = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack() if "pyspark" not in f.filename]
+        recorded.append(made_at[-2])  # [-1]: this function
+        return ""
+    monkeypatch.setattr(errors_utils, "_capture_call_site", record)
+    F.col("label")  # the check can fail: a Column made the usual way is recorded
+    assert len(recorded) == 1
+    recorded.clear()
+
+    model = TorchEstimator(model=mlp(), featuresCol="features", labelCol="label", loss="cross_entropy", epochs=2,
+                           batchSize=64, numProcesses=2, validationCol="holdout").fit(df)
+    outputs = [model.transform(df),
+               TorchModel(model=mlp(), featuresCol=PIXELS, loss="cross_entropy").transform(df),
+               TorchModel(model=mlp(), featuresCol="pixels", loss="cross_entropy").transform(no_width)]
+    assert recorded == []
+    assert set(model.history[-1]) >= {"train_loss", "val_loss"}
+    for out in outputs:  # what they predict: the tests above, on each feature layout
+        assert {"prediction", "rawPrediction"} <= set(out.columns)
+
+
 def test_copy_behaves_as_spark_expects():
     est = TorchEstimator(model=mlp(), learningRate=0.1, epochs=4)
     twin = est.copy({est.learningRate: 0.5, est.predictionCol: "p"})

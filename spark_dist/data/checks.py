@@ -9,7 +9,7 @@ import threading
 from typing import Any, Dict, Iterable, Optional
 
 from .handle import ColumnStats, DatasetError
-from .schema import SCALAR, VECTOR, quoted
+from .schema import SCALAR, VECTOR, quoted, sql
 
 logger = logging.getLogger(__name__)
 
@@ -18,34 +18,34 @@ def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -
     """Aggregations that check a dataset's values: row count; per column nulls; for arrays and vectors the
     min/max length and rows holding null elements; for the number columns in ``ranges`` (what a caller checks
     labels against) min/max, NaNs and non-integers. Only those: every aggregate costs on every row, so a null
-    count is skipped where the schema rules nulls out (a non-nullable column, an array of non-null elements)."""
-    from pyspark.sql import functions as F
+    count is skipped where the schema rules nulls out (a non-nullable column, an array of non-null elements).
+    Built as SQL text (:func:`.schema.sql`)."""
     from pyspark.sql import types as T
 
-    exprs = [F.count(F.lit(1)).alias("rows")]
+    exprs = [sql("count(1) AS `rows`")]
     nullable = {f.name: f.nullable for f in df_schema.fields}
     types = {f.name: f.dataType for f in df_schema.fields}
     for i, (column, kind) in enumerate(kinds.items()):
-        col = F.col(quoted(column))
+        col = quoted(column)
         if nullable[column] or kind == VECTOR:
-            exprs.append(F.sum(col.isNull().cast("long")).alias(f"null{i}"))
+            exprs.append(sql(f"sum(CAST({col} IS NULL AS BIGINT)) AS `null{i}`"))
         if kind == SCALAR:
             if column not in ranges:
                 continue
-            value = col.cast("double")
+            value = f"CAST({col} AS DOUBLE)"
             if isinstance(types[column], (T.FloatType, T.DoubleType)):
-                finite = F.when(~F.isnan(value), value)  # Spark orders NaN above every number: count it apart
-                exprs += [F.min(finite).alias(f"lo{i}"), F.max(finite).alias(f"hi{i}"),
-                          F.sum(F.isnan(value).cast("long")).alias(f"nan{i}"),
-                          F.sum((finite != F.floor(finite)).cast("long")).alias(f"frac{i}")]
+                finite = f"(CASE WHEN NOT isnan({value}) THEN {value} END)"  # Spark orders NaN above every number
+                exprs += [sql(f"min({finite}) AS `lo{i}`"), sql(f"max({finite}) AS `hi{i}`"),
+                          sql(f"sum(CAST(isnan({value}) AS BIGINT)) AS `nan{i}`"),
+                          sql(f"sum(CAST({finite} != floor({finite}) AS BIGINT)) AS `frac{i}`")]
             else:
-                exprs += [F.min(value).alias(f"lo{i}"), F.max(value).alias(f"hi{i}")]
+                exprs += [sql(f"min({value}) AS `lo{i}`"), sql(f"max({value}) AS `hi{i}`")]
         else:
-            size = F.when(col.isNotNull(), F.size(col))
-            exprs += [F.min(size).alias(f"min{i}"), F.max(size).alias(f"max{i}")]
+            size = f"(CASE WHEN {col} IS NOT NULL THEN size({col}) END)"
+            exprs += [sql(f"min({size}) AS `min{i}`"), sql(f"max({size}) AS `max{i}`")]
             # A lambda runs interpreted, element by element: count null elements only where the type allows them.
             if not isinstance(types[column], T.ArrayType) or types[column].containsNull:
-                exprs.append(F.sum(F.exists(col, lambda x: x.isNull()).cast("long")).alias(f"inner{i}"))
+                exprs.append(sql(f"sum(CAST(exists({col}, x -> x IS NULL) AS BIGINT)) AS `inner{i}`"))
     return exprs
 
 

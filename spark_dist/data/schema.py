@@ -13,8 +13,21 @@ SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
 
 
 def quoted(name: str) -> str:
-    """``name`` as ``F.col`` takes it literally: a dot in a name is not a struct field, a backtick not a quote."""
+    """``name`` as SQL text takes it literally: a dot in a name is not a struct field, a backtick not a quote."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def sql(text: str):
+    """A Column from SQL text (``F.expr``), the way spark_dist builds every Column it needs.
+
+    Never ``F.col`` or a ``Column`` method: on PySpark 4 each of those records its caller's stack for error
+    messages (three py4j calls), and the first one in a process imports IPython where it is installed, 0.4-0.6 s
+    of a script's first fit here (``pyspark.errors.utils._capture_call_site``). ``F.expr`` and the DataFrame
+    methods that take SQL text or column names do neither.
+    """
+    from pyspark.sql import functions as F
+
+    return F.expr(text)
 
 
 def kind_of(data_type) -> Optional[str]:

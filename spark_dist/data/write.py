@@ -13,7 +13,7 @@ from typing import Dict, Iterable, List, Optional
 from .. import jvm, session
 from .checks import _observed, _value_exprs
 from .handle import open_parquet
-from .schema import VECTOR, quoted
+from .schema import VECTOR, quoted, sql
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
@@ -28,34 +28,33 @@ ROW_GROUP_BYTES = 8 << 20
 
 
 def _with_arrays(df, kinds: Dict[str, str]):
-    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch."""
+    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch.
+    (Renamed by ``toDF``: no ``Column`` method, see :func:`.schema.sql`.)"""
     from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
 
     if VECTOR not in kinds.values():
         return df
-    return df.select([vector_to_array(F.col(quoted(c)), "float32").alias(c) if kinds[c] == VECTOR
-                      else F.col(quoted(c)) for c in df.columns])
+    return df.select([vector_to_array(sql(quoted(c)), "float32") if kinds[c] == VECTOR else quoted(c)
+                      for c in df.columns]).toDF(*df.columns)
 
 
 def _as_float32(df):
     """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them; done here with quoted
     names because Petastorm's own pass reads ``df[name]``, which takes a dot in a name for a struct field."""
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     def narrowed_type(field):  # the type to cast to, or None where the field stays as it is
         if isinstance(field.dataType, T.DoubleType):
-            return "float"
+            return "FLOAT"
         if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.DoubleType):
-            return "array<float>"
+            return "ARRAY<FLOAT>"
         return None
     fields = df.schema.fields
     casts = [narrowed_type(f) for f in fields]
     if not any(casts):
         return df
-    return df.select([F.col(quoted(f.name)).cast(t).alias(f.name) if t else F.col(quoted(f.name))
-                      for f, t in zip(fields, casts)])
+    return df.selectExpr(*[f"CAST({quoted(f.name)} AS {t}) AS {quoted(f.name)}" if t else quoted(f.name)
+                           for f, t in zip(fields, casts)])
 
 
 def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:

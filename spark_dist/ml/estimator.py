@@ -128,8 +128,6 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
 
     # -- fit ------------------------------------------------------------------------------------------------
     def _fit(self, dataset) -> TorchModel:
-        from pyspark.sql import functions as F
-
         from ..backends import get_backend
         from ..launcher import Distributor
 
@@ -156,10 +154,11 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
 
         # The model meets the feature width before any job when the schema tells the width.
         outputs = inputs.model_outputs(module, features.width) if features.width else None
-        columns = [F.col(inputs.quoted(c)) for c in (*features.columns, label)]
+        # Columns by name and SQL text: no Column method (see spark_dist.data.schema.sql).
+        columns = [inputs.quoted(c) for c in (*features.columns, label)]
         if validation_col:
-            flag = F.col(inputs.quoted(validation_col)).cast("boolean")
-            datasets = {"train": dataset.filter(flag.isNull() | ~flag).select(columns),
+            flag = f"CAST({inputs.quoted(validation_col)} AS BOOLEAN)"
+            datasets = {"train": dataset.filter(f"{flag} IS NULL OR NOT {flag}").select(columns),
                         "val": dataset.filter(flag).select(columns)}
         elif fraction > 0:
             train_df, val_df = dataset.select(columns).randomSplit([1.0 - fraction, fraction], seed=self.getSeed())

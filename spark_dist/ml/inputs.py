@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..data.schema import ARRAY, SCALAR, VECTOR, kind_of, quoted  # noqa: F401 -- ARRAY: for callers
+from ..data.schema import ARRAY, SCALAR, VECTOR, kind_of, quoted, sql  # noqa: F401 -- ARRAY: for callers
 from ..errors import ConfigError
 
 
@@ -45,19 +45,19 @@ class Features:
     def array_column(self):
         """The features as one ``array<float>`` Column (for inference)."""
         from pyspark.ml.functions import vector_to_array
-        from pyspark.sql import functions as F
 
         if self.stacked:
-            return F.array(*[F.col(quoted(c)).cast("float") for c in self.columns])
+            return sql("array(" + ", ".join(f"CAST({quoted(c)} AS FLOAT)" for c in self.columns) + ")")
         if self.kind == VECTOR:
-            return vector_to_array(F.col(quoted(self.columns[0])), "float32")
-        return F.col(quoted(self.columns[0])).cast("array<float>")
+            return vector_to_array(sql(quoted(self.columns[0])), "float32")
+        return sql(f"CAST({quoted(self.columns[0])} AS ARRAY<FLOAT>)")
 
     def width_column(self):
+        """The number of feature values in a row, as a Column (of a vector or array column)."""
         from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
 
-        col = F.col(quoted(self.columns[0]))
+        col = sql(quoted(self.columns[0]))
         return F.size(vector_to_array(col) if self.kind == VECTOR else col)
 
 

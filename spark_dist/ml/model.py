@@ -183,15 +183,14 @@ class TorchModel(Model, TorchParams, TorchPersistence):
             return self._num_outputs
         width = features.width or self._num_features
         if width is None:  # a model made around a module, on a vector/array column without size metadata
-            row = dataset.select(features.width_column().alias("n")).first()
+            row = dataset.select(features.width_column()).first()
             if row is None:
                 return 1
-            width = int(row["n"])
+            width = int(row[0])
         return inputs.model_outputs(module, width)
 
     def _transform(self, dataset):
         from pyspark.ml.functions import array_to_vector
-        from pyspark.sql import functions as F
 
         module = self.getModel()
         if module is None:
@@ -213,6 +212,6 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         # repeat), so it runs once per row.
         tmp = f"__spark_dist_scores_{self.uid}"
         return (dataset.withColumn(tmp, scores)
-                .withColumn(raw, array_to_vector(F.col(tmp)["raw"]))
-                .withColumn(prediction, F.col(tmp)["prediction"])
+                .withColumn(raw, array_to_vector(inputs.sql(f"{inputs.quoted(tmp)}.raw")))
+                .withColumn(prediction, inputs.sql(f"{inputs.quoted(tmp)}.prediction"))
                 .drop(tmp))
