@@ -279,8 +279,9 @@ def test_fit_and_transform_record_no_call_site(spark_local, monkeypatch):
         recorded.append(made_at[-2])  # [-1]: this function
         return ""
     monkeypatch.setattr(errors_utils, "_capture_call_site", record)
-    F.col("label")  # the check can fail: a Column made the usual way is recorded
-    assert len(recorded) == 1
+    monkeypatch.setattr(errors_utils, "_enable_debugging_cache", True)  # PySpark's default, whatever ran before
+    F.col("label").alias("y")  # the check can fail: F.col and a Column method, made the usual way, are recorded
+    assert len(recorded) == 2
     recorded.clear()
 
     model = TorchEstimator(model=mlp(), featuresCol="features", labelCol="label", loss="cross_entropy", epochs=2,
@@ -292,6 +293,31 @@ def test_fit_and_transform_record_no_call_site(spark_local, monkeypatch):
     assert set(model.history[-1]) >= {"train_loss", "val_loss"}
     for out in outputs:  # what they predict: the tests above, on each feature layout
         assert {"prediction", "rawPrediction"} <= set(out.columns)
+
+
+def test_names_with_dots_and_spaces_under_regex_column_names(spark_local):
+    """With ``spark.sql.parser.quotedRegexColumnNames=true`` (feature-store tools set it) a backticked name with a
+    dot or a space is a regex in SQL text: spark_dist's SQL never holds the user's names, so such names still fit
+    and transform (vector features, stacked columns, a validation column), as they do without the setting."""
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    pixels = [f"px {i}" for i in range(64)]  # (VectorAssembler itself reads a dot in its inputCols as a field)
+    df = (spark_local.createDataFrame(digits_pandas()).toDF(*pixels, "the label", "id")
+          .withColumn("held out", F.col("id") % 5 == 0))
+    df = VectorAssembler(inputCols=pixels, outputCol="img.features").transform(df)
+    spark_local.conf.set("spark.sql.parser.quotedRegexColumnNames", "true")
+    try:
+        model = TorchEstimator(model=mlp(), featuresCol="img.features", labelCol="the label", loss="cross_entropy",
+                               epochs=3, batchSize=64, learningRate=0.01, numProcesses=2,
+                               validationCol="held out").fit(df)
+        by_vector = model.transform(df).select("the label", "prediction").toPandas()
+        by_columns = model.copy({model.featuresCol: pixels}).transform(df).select("prediction").toPandas()
+    finally:
+        spark_local.conf.unset("spark.sql.parser.quotedRegexColumnNames")
+    assert model.history[-1]["val_loss"] < model.history[0]["val_loss"]
+    assert (by_vector["prediction"] == by_vector["the label"]).mean() > 0.8
+    np.testing.assert_array_equal(by_columns["prediction"].to_numpy(), by_vector["prediction"].to_numpy())
 
 
 def test_copy_behaves_as_spark_expects():

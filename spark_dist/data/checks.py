@@ -9,7 +9,7 @@ import threading
 from typing import Any, Dict, Iterable, Optional
 
 from .handle import ColumnStats, DatasetError
-from .schema import SCALAR, VECTOR, quoted, sql
+from .schema import SCALAR, VECTOR, by_position, position, sql
 
 logger = logging.getLogger(__name__)
 
@@ -19,14 +19,16 @@ def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -
     min/max length and rows holding null elements; for the number columns in ``ranges`` (what a caller checks
     labels against) min/max, NaNs and non-integers. Only those: every aggregate costs on every row, so a null
     count is skipped where the schema rules nulls out (a non-nullable column, an array of non-null elements).
-    Built as SQL text (:func:`.schema.sql`)."""
+    SQL text over the columns of a DataFrame with ``df_schema``'s columns in order, renamed by
+    :func:`.schema.by_position`."""
     from pyspark.sql import types as T
 
     exprs = [sql("count(1) AS `rows`")]
     nullable = {f.name: f.nullable for f in df_schema.fields}
     types = {f.name: f.dataType for f in df_schema.fields}
+    at = {f.name: i for i, f in enumerate(df_schema.fields)}
     for i, (column, kind) in enumerate(kinds.items()):
-        col = quoted(column)
+        col = position(at[column])
         if nullable[column] or kind == VECTOR:
             exprs.append(sql(f"sum(CAST({col} IS NULL AS BIGINT)) AS `null{i}`"))
         if kind == SCALAR:
@@ -67,7 +69,8 @@ def _observed(observation, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
 def _aggregate_cache(spark, cache_dir_url: str, df_schema, kinds: Dict[str, str],
                      ranges: Iterable[str] = ()) -> Dict[str, Any]:
     """The same measures as the write observes, over a cache made before (one aggregation job)."""
-    return spark.read.parquet(cache_dir_url).agg(*_value_exprs(df_schema, kinds, ranges)).first().asDict()
+    cache = by_position(spark.read.parquet(cache_dir_url))  # the cache's columns: df_schema's, in order
+    return cache.agg(*_value_exprs(df_schema, kinds, ranges)).first().asDict()
 
 
 def _enough_rows(name: str, rows: int, num_ranks: int) -> None:

@@ -18,7 +18,8 @@ def quoted(name: str) -> str:
 
 
 def sql(text: str):
-    """A Column from SQL text (``F.expr``), the way spark_dist builds every Column it needs.
+    """A Column from SQL text (``F.expr``), the way spark_dist builds every Column it needs; the text names
+    columns by :func:`position`, never by the user's names.
 
     Never ``F.col`` or a ``Column`` method: on PySpark 4 each of those records its caller's stack for error
     messages (three py4j calls), and the first one in a process imports IPython where it is installed, 0.4-0.6 s
@@ -28,6 +29,21 @@ def sql(text: str):
     from pyspark.sql import functions as F
 
     return F.expr(text)
+
+
+def position(index: int) -> str:
+    """The name :func:`by_position` gives the column at ``index``."""
+    return f"_{index}"
+
+
+def by_position(df):
+    """``df`` with its columns renamed ``_0``, ``_1``, ... in order (``toDF``: no Column method), for SQL text.
+
+    A user's name is not always literal in SQL text, even backticked: with
+    ``spark.sql.parser.quotedRegexColumnNames=true`` (which feature-store tools set) a backticked name holding a
+    dot or a space is read as a regex. Renamed back by ``toDF(*df.columns)``.
+    """
+    return df.toDF(*[position(i) for i in range(len(df.columns))])
 
 
 def kind_of(data_type) -> Optional[str]:

@@ -13,7 +13,7 @@ from typing import Dict, Iterable, List, Optional
 from .. import jvm, session
 from .checks import _observed, _value_exprs
 from .handle import open_parquet
-from .schema import VECTOR, quoted, sql
+from .schema import VECTOR, by_position, position, sql
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
@@ -28,19 +28,19 @@ ROW_GROUP_BYTES = 8 << 20
 
 
 def _with_arrays(df, kinds: Dict[str, str]):
-    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch.
-    (Renamed by ``toDF``: no ``Column`` method, see :func:`.schema.sql`.)"""
+    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch."""
     from pyspark.ml.functions import vector_to_array
 
     if VECTOR not in kinds.values():
         return df
-    return df.select([vector_to_array(sql(quoted(c)), "float32") if kinds[c] == VECTOR else quoted(c)
-                      for c in df.columns]).toDF(*df.columns)
+    names = df.columns
+    return by_position(df).select([vector_to_array(sql(position(i)), "float32") if kinds[c] == VECTOR
+                                   else position(i) for i, c in enumerate(names)]).toDF(*names)
 
 
 def _as_float32(df):
-    """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them; done here with quoted
-    names because Petastorm's own pass reads ``df[name]``, which takes a dot in a name for a struct field."""
+    """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them (by position, not by
+    Petastorm's own pass, which reads ``df[name]`` and so takes a dot in a name for a struct field)."""
     from pyspark.sql import types as T
 
     def narrowed_type(field):  # the type to cast to, or None where the field stays as it is
@@ -53,8 +53,8 @@ def _as_float32(df):
     casts = [narrowed_type(f) for f in fields]
     if not any(casts):
         return df
-    return df.selectExpr(*[f"CAST({quoted(f.name)} AS {t}) AS {quoted(f.name)}" if t else quoted(f.name)
-                           for f, t in zip(fields, casts)])
+    return by_position(df).selectExpr(*[f"CAST({position(i)} AS {t})" if t else position(i)
+                                        for i, t in enumerate(casts)]).toDF(*[f.name for f in fields])
 
 
 def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
@@ -111,7 +111,8 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
     df = _with_arrays(df, kinds)
     observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
-    observed = _as_float32(df.observe(observation, *_value_exprs(df.schema, kinds, ranges)))
+    observed = _as_float32(by_position(df).observe(observation, *_value_exprs(df.schema, kinds, ranges))
+                           .toDF(*df.columns))
     # What Petastorm's _materialize_df does, through the DataFrame API alone (it also runs under Spark
     # Connect, where Petastorm's own call fails: it asks for a classic session to name the directory).
     url = f"{parent_url}/{time.strftime('%Y%m%d%H%M%S')}-appid-{session.app_id(spark)}-{uuid.uuid4()}"

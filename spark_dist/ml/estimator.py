@@ -154,12 +154,15 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
 
         # The model meets the feature width before any job when the schema tells the width.
         outputs = inputs.model_outputs(module, features.width) if features.width else None
-        # Columns by name and SQL text: no Column method (see spark_dist.data.schema.sql).
-        columns = [inputs.quoted(c) for c in (*features.columns, label)]
+        # Columns by name, and SQL text over columns by position: no Column method (spark_dist.data.schema.sql).
+        names = [*features.columns, label]
+        columns = [inputs.quoted(c) for c in names]
         if validation_col:
-            flag = f"CAST({inputs.quoted(validation_col)} AS BOOLEAN)"
-            datasets = {"train": dataset.filter(f"{flag} IS NULL OR NOT {flag}").select(columns),
-                        "val": dataset.filter(flag).select(columns)}
+            picked = inputs.by_position(dataset.select(*columns, inputs.quoted(validation_col)))
+            flag = f"CAST({inputs.position(len(names))} AS BOOLEAN)"
+            kept = [inputs.position(i) for i in range(len(names))]
+            datasets = {"train": picked.filter(f"{flag} IS NULL OR NOT {flag}").select(kept).toDF(*names),
+                        "val": picked.filter(flag).select(kept).toDF(*names)}
         elif fraction > 0:
             train_df, val_df = dataset.select(columns).randomSplit([1.0 - fraction, fraction], seed=self.getSeed())
             datasets = {"train": train_df, "val": val_df}

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..data.schema import ARRAY, SCALAR, VECTOR, kind_of, quoted, sql  # noqa: F401 -- ARRAY: for callers
+from ..data.schema import (ARRAY, SCALAR, VECTOR, by_position, kind_of, position,  # noqa: F401 -- ARRAY,
+                           quoted, sql)  # by_position, quoted: for callers
 from ..errors import ConfigError
 
 
@@ -42,22 +43,25 @@ class Features:
     width: Optional[int]           # values per row, when the schema tells (stacked columns, assembler metadata)
     kind: str                      # VECTOR, ARRAY or SCALAR (stacked)
 
-    def array_column(self):
-        """The features as one ``array<float>`` Column (for inference)."""
+    def array_column(self, names: List[str]):
+        """The features as one ``array<float>`` Column (for inference) of ``by_position(df)``, where ``names``
+        are ``df.columns``."""
         from pyspark.ml.functions import vector_to_array
 
+        at = [position(names.index(c)) for c in self.columns]
         if self.stacked:
-            return sql("array(" + ", ".join(f"CAST({quoted(c)} AS FLOAT)" for c in self.columns) + ")")
+            return sql("array(" + ", ".join(f"CAST({c} AS FLOAT)" for c in at) + ")")
         if self.kind == VECTOR:
-            return vector_to_array(sql(quoted(self.columns[0])), "float32")
-        return sql(f"CAST({quoted(self.columns[0])} AS ARRAY<FLOAT>)")
+            return vector_to_array(sql(at[0]), "float32")
+        return sql(f"CAST({at[0]} AS ARRAY<FLOAT>)")
 
-    def width_column(self):
-        """The number of feature values in a row, as a Column (of a vector or array column)."""
+    def width_column(self, names: List[str]):
+        """The number of feature values in a row (of a vector or array column), as a Column of
+        ``by_position(df)``, where ``names`` are ``df.columns``."""
         from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
 
-        col = sql(quoted(self.columns[0]))
+        col = sql(position(names.index(self.columns[0])))
         return F.size(vector_to_array(col) if self.kind == VECTOR else col)
 
 

@@ -183,7 +183,7 @@ class TorchModel(Model, TorchParams, TorchPersistence):
             return self._num_outputs
         width = features.width or self._num_features
         if width is None:  # a model made around a module, on a vector/array column without size metadata
-            row = dataset.select(features.width_column()).first()
+            row = inputs.by_position(dataset).select(features.width_column(dataset.columns)).first()
             if row is None:
                 return 1
             width = int(row[0])
@@ -205,13 +205,17 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         payload = dumps(module)
         key = hashlib.sha256(payload).hexdigest()
         udf = make_predict_udf(key, payload, kind, self.getUseGpu(), max(CHUNK_ROWS, self.getBatchSize()))
-        scores = udf(features.array_column())
+        # SQL text over the columns by position, renamed back after (spark_dist.data.schema.sql, by_position).
+        names = dataset.columns
+        scores = udf(features.array_column(names))
+        out = [inputs.position(len(names) + i) for i in range(3)]  # new columns, named apart from the user's
         if kind in (REGRESS, VECTOR_OUT):
-            return dataset.withColumn(prediction, scores if kind == REGRESS else array_to_vector(scores))
+            return (inputs.by_position(dataset)
+                    .withColumn(out[0], scores if kind == REGRESS else array_to_vector(scores))
+                    .toDF(*names, prediction))
         # One UDF column, then its fields: Spark keeps the UDF in its own projection (it is not cheap to
         # repeat), so it runs once per row.
-        tmp = f"__spark_dist_scores_{self.uid}"
-        return (dataset.withColumn(tmp, scores)
-                .withColumn(raw, array_to_vector(inputs.sql(f"{inputs.quoted(tmp)}.raw")))
-                .withColumn(prediction, inputs.sql(f"{inputs.quoted(tmp)}.prediction"))
-                .drop(tmp))
+        return (inputs.by_position(dataset).withColumn(out[0], scores)
+                .withColumn(out[1], array_to_vector(inputs.sql(f"{out[0]}.raw")))
+                .withColumn(out[2], inputs.sql(f"{out[0]}.prediction"))
+                .drop(out[0]).toDF(*names, raw, prediction))
