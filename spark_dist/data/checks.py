@@ -19,23 +19,20 @@ def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -
     min/max length and rows holding null elements; for the number columns in ``ranges`` (what a caller checks
     labels against) min/max, NaNs and non-integers. Only those: every aggregate costs on every row, so a null
     count is skipped where the schema rules nulls out (a non-nullable column, an array of non-null elements).
-    SQL text over the columns of a DataFrame with ``df_schema``'s columns in order, renamed by
-    :func:`.schema.by_position`."""
+    SQL text over a DataFrame whose columns are named by position (:func:`.schema.by_position`): ``df_schema``
+    gives their types, in order, and ``kinds`` their kinds in the same order, by the user's names (as ``ranges``)."""
     from pyspark.sql import types as T
 
     exprs = [sql("count(1) AS `rows`")]
-    nullable = {f.name: f.nullable for f in df_schema.fields}
-    types = {f.name: f.dataType for f in df_schema.fields}
-    at = {f.name: i for i, f in enumerate(df_schema.fields)}
-    for i, (column, kind) in enumerate(kinds.items()):
-        col = position(at[column])
-        if nullable[column] or kind == VECTOR:
+    for i, ((column, kind), field) in enumerate(zip(kinds.items(), df_schema.fields)):
+        col = position(i)
+        if field.nullable or kind == VECTOR:
             exprs.append(sql(f"sum(CAST({col} IS NULL AS BIGINT)) AS `null{i}`"))
         if kind == SCALAR:
             if column not in ranges:
                 continue
             value = f"CAST({col} AS DOUBLE)"
-            if isinstance(types[column], (T.FloatType, T.DoubleType)):
+            if isinstance(field.dataType, (T.FloatType, T.DoubleType)):
                 finite = f"(CASE WHEN NOT isnan({value}) THEN {value} END)"  # Spark orders NaN above every number
                 exprs += [sql(f"min({finite}) AS `lo{i}`"), sql(f"max({finite}) AS `hi{i}`"),
                           sql(f"sum(CAST(isnan({value}) AS BIGINT)) AS `nan{i}`"),
@@ -46,7 +43,7 @@ def _value_exprs(df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -
             size = f"(CASE WHEN {col} IS NOT NULL THEN size({col}) END)"
             exprs += [sql(f"min({size}) AS `min{i}`"), sql(f"max({size}) AS `max{i}`")]
             # A lambda runs interpreted, element by element: count null elements only where the type allows them.
-            if not isinstance(types[column], T.ArrayType) or types[column].containsNull:
+            if not isinstance(field.dataType, T.ArrayType) or field.dataType.containsNull:
                 exprs.append(sql(f"sum(CAST(exists({col}, x -> x IS NULL) AS BIGINT)) AS `inner{i}`"))
     return exprs
 

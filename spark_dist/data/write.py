@@ -28,19 +28,22 @@ ROW_GROUP_BYTES = 8 << 20
 
 
 def _with_arrays(df, kinds: Dict[str, str]):
-    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch."""
+    """Vectors as dense float32 arrays, as the cache stores them: sparse vectors would not reshape per batch.
+    ``df``'s columns are named by position (:func:`.schema.by_position`), and ``kinds`` are theirs, in order; so
+    are the result's."""
     from pyspark.ml.functions import vector_to_array
 
     if VECTOR not in kinds.values():
         return df
-    names = df.columns
-    return by_position(df).select([vector_to_array(sql(position(i)), "float32") if kinds[c] == VECTOR
-                                   else position(i) for i, c in enumerate(names)]).toDF(*names)
+    named = [position(i) for i in range(len(kinds))]
+    return df.select([vector_to_array(sql(c), "float32") if kind == VECTOR else c
+                      for c, kind in zip(named, kinds.values())]).toDF(*named)
 
 
 def _as_float32(df):
-    """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them (by position, not by
-    Petastorm's own pass, which reads ``df[name]`` and so takes a dot in a name for a struct field)."""
+    """Doubles (and arrays of doubles) as float32, as Petastorm's converter stores them (here rather than by
+    Petastorm's own pass, which reads ``df[name]`` and so takes a dot in a name for a struct field). ``df``'s
+    columns are named by position (:func:`.schema.by_position`); so are the result's."""
     from pyspark.sql import types as T
 
     def narrowed_type(field):  # the type to cast to, or None where the field stays as it is
@@ -49,12 +52,11 @@ def _as_float32(df):
         if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.DoubleType):
             return "ARRAY<FLOAT>"
         return None
-    fields = df.schema.fields
-    casts = [narrowed_type(f) for f in fields]
+    casts = [narrowed_type(f) for f in df.schema.fields]
     if not any(casts):
         return df
-    return by_position(df).selectExpr(*[f"CAST({position(i)} AS {t})" if t else position(i)
-                                        for i, t in enumerate(casts)]).toDF(*[f.name for f in fields])
+    return df.selectExpr(*[f"CAST({position(i)} AS {t}) AS {position(i)}" if t else position(i)
+                           for i, t in enumerate(casts)])
 
 
 def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
@@ -109,10 +111,11 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     if existing is not None:
         files = _cache_files(spark, existing)
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
-    df = _with_arrays(df, kinds)
+    # SQL text reads the columns by position (schema.by_position); the cache keeps the user's names.
+    names = df.columns
+    df = _with_arrays(by_position(df, names), kinds)
     observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
-    observed = _as_float32(by_position(df).observe(observation, *_value_exprs(df.schema, kinds, ranges))
-                           .toDF(*df.columns))
+    observed = _as_float32(df.observe(observation, *_value_exprs(df.schema, kinds, ranges))).toDF(*names)
     # What Petastorm's _materialize_df does, through the DataFrame API alone (it also runs under Spark
     # Connect, where Petastorm's own call fails: it asks for a classic session to name the directory).
     url = f"{parent_url}/{time.strftime('%Y%m%d%H%M%S')}-appid-{session.app_id(spark)}-{uuid.uuid4()}"
