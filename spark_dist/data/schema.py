@@ -13,7 +13,8 @@ SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
 
 
 def quoted(name: str) -> str:
-    """``name`` as SQL text takes it literally: a dot in a name is not a struct field, a backtick not a quote."""
+    """``name`` as ``DataFrame.select`` takes a column name literally: a dot in it is not a struct field, a backtick
+    not a quote. (SQL text may still read it as a regex: see :func:`by_position`.)"""
     return "`" + name.replace("`", "``") + "`"
 
 

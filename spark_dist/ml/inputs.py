@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..data.schema import (ARRAY, SCALAR, VECTOR, by_position, kind_of, position,  # noqa: F401 -- ARRAY,
-                           quoted, sql)  # by_position, quoted: for callers
+# ARRAY, by_position and quoted are for callers (the estimator and the model).
+from ..data.schema import ARRAY, SCALAR, VECTOR, by_position, kind_of, position, quoted, sql  # noqa: F401
 from ..errors import ConfigError
 
 
