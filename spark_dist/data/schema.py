@@ -5,7 +5,7 @@ whose errors name the dataset and column) and the ML stages (:func:`spark_dist.m
 errors name the Param). PySpark is imported on first use only: the kind names also reach the ranks (through
 :mod:`.handle`), where there is no Spark.
 """
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 from ..errors import DatasetError
 
@@ -37,15 +37,15 @@ def position(index: int) -> str:
     return f"_{index}"
 
 
-def by_position(df, names: Optional[Sequence[str]] = None):
-    """``df`` with its columns renamed ``_0``, ``_1``, ... in order (``toDF``: no Column method), for SQL text;
-    ``names``: ``df.columns`` where the caller has them (one py4j call less).
+def by_position(df):
+    """``df`` with its columns renamed ``_0``, ``_1``, ... in order (``toDF``: no Column method), for SQL text.
 
     A user's name is not always literal in SQL text, even backticked: with
     ``spark.sql.parser.quotedRegexColumnNames=true`` (which feature-store tools set) a backticked name holding a
-    dot or a space is read as a regex. Renamed back by ``toDF(*names)``.
+    dot or a space is read as a regex. Renamed back by ``toDF(*df.columns)`` (a DataFrame keeps its schema once
+    asked, so asking again costs nothing).
     """
-    return df.toDF(*[position(i) for i in range(len(df.columns if names is None else names))])
+    return df.toDF(*[position(i) for i in range(len(df.columns))])
 
 
 def kind_of(data_type) -> Optional[str]:

@@ -113,7 +113,7 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
     # SQL text reads the columns by position (schema.by_position); the cache keeps the user's names.
     names = df.columns
-    df = _with_arrays(by_position(df, names), kinds)
+    df = _with_arrays(by_position(df), kinds)
     observation = Observation(f"spark_dist_checks_{uuid.uuid4().hex}")
     observed = _as_float32(df.observe(observation, *_value_exprs(df.schema, kinds, ranges))).toDF(*names)
     # What Petastorm's _materialize_df does, through the DataFrame API alone (it also runs under Spark

@@ -158,8 +158,7 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         names = [*features.columns, label]
         columns = [inputs.quoted(c) for c in names]
         if validation_col:
-            picked = inputs.by_position(dataset.select(*columns, inputs.quoted(validation_col)),
-                                        [*names, validation_col])
+            picked = inputs.by_position(dataset.select(*columns, inputs.quoted(validation_col)))
             flag = f"CAST({inputs.position(len(names))} AS BOOLEAN)"
             kept = [inputs.position(i) for i in range(len(names))]
             datasets = {"train": picked.filter(f"{flag} IS NULL OR NOT {flag}").select(kept).toDF(*names),

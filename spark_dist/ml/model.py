@@ -184,7 +184,7 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         width = features.width or self._num_features
         if width is None:  # a model made around a module, on a vector/array column without size metadata
             names = dataset.columns
-            row = inputs.by_position(dataset, names).select(features.width_column(names)).first()
+            row = inputs.by_position(dataset).select(features.width_column(names)).first()
             if row is None:
                 return 1
             width = int(row[0])
@@ -211,12 +211,12 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         scores = udf(features.array_column(names))
         out = [inputs.position(len(names) + i) for i in range(3)]  # new columns, named apart from the user's
         if kind in (REGRESS, VECTOR_OUT):
-            return (inputs.by_position(dataset, names)
+            return (inputs.by_position(dataset)
                     .withColumn(out[0], scores if kind == REGRESS else array_to_vector(scores))
                     .toDF(*names, prediction))
         # One UDF column, then its fields: Spark keeps the UDF in its own projection (it is not cheap to
         # repeat), so it runs once per row.
-        return (inputs.by_position(dataset, names).withColumn(out[0], scores)
+        return (inputs.by_position(dataset).withColumn(out[0], scores)
                 .withColumn(out[1], array_to_vector(inputs.sql(f"{out[0]}.raw")))
                 .withColumn(out[2], inputs.sql(f"{out[0]}.prediction"))
                 .drop(out[0]).toDF(*names, raw, prediction))
