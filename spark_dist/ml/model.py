@@ -209,14 +209,15 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         # SQL text over the columns by position, renamed back after (spark_dist.data.schema.sql, by_position).
         names = dataset.columns
         scores = udf(features.array_column(names))
-        out = [inputs.position(len(names) + i) for i in range(3)]  # new columns, named apart from the user's
+        # The new columns, named by the positions after the user's until renamed.
+        scores_at, raw_at, prediction_at = (inputs.position(len(names) + i) for i in range(3))
         if kind in (REGRESS, VECTOR_OUT):
             return (inputs.by_position(dataset)
-                    .withColumn(out[0], scores if kind == REGRESS else array_to_vector(scores))
+                    .withColumn(scores_at, scores if kind == REGRESS else array_to_vector(scores))
                     .toDF(*names, prediction))
         # One UDF column, then its fields: Spark keeps the UDF in its own projection (it is not cheap to
         # repeat), so it runs once per row.
-        return (inputs.by_position(dataset).withColumn(out[0], scores)
-                .withColumn(out[1], array_to_vector(inputs.sql(f"{out[0]}.raw")))
-                .withColumn(out[2], inputs.sql(f"{out[0]}.prediction"))
-                .drop(out[0]).toDF(*names, raw, prediction))
+        return (inputs.by_position(dataset).withColumn(scores_at, scores)
+                .withColumn(raw_at, array_to_vector(inputs.sql(f"{scores_at}.raw")))
+                .withColumn(prediction_at, inputs.sql(f"{scores_at}.prediction"))
+                .drop(scores_at).toDF(*names, raw, prediction))
