@@ -1,6 +1,6 @@
 """Rows per second of the ways to read a Petastorm cache into torch tensors (a script, not a test).
 
-    python bench/bench_data.py [--rows 500000] [--repeat 5] [--out results.json]
+    python bench/bench_data.py [--rows 500000] [--repeat 30] [--out results.json]
 
 Data: ``--rows`` rows of a 32-float array column, a long label and a 64-float ML vector column, materialised
 once by ``prepare_datasets`` (on ``local[2]``). Readers, each over one full epoch of all three columns:
@@ -15,12 +15,15 @@ once by ``prepare_datasets`` (on ``local[2]``). Readers, each over one full epoc
   (c') the same with ``shuffle=False``
 
 Prints a markdown table with the ratios to (a) and (b), both the ratio of best runs and the median of the
-ratios within a round; ``--out FILE`` also writes the figures as JSON.
+ratios within a round, with a 95% bootstrap interval of that median; ``--out FILE`` also writes the figures as
+JSON. Why 30 rounds: a single round's ratio moves between ~50% and ~130% on this machine's 2 cores, so the
+goal's 85% can only be judged on a median over many rounds and its interval.
 """
 import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -118,14 +121,30 @@ def measure(readers: dict, repeat: int) -> dict:
 def median_round_ratio(reader: dict, ceiling: dict):
     """The median over rounds of a reader's rows/s over the ceiling's in the same round: the two best runs
     behind the best-of ratio may come from different rounds, and single runs here move by +-30%."""
-    pairs = [r / c for r, c in zip(reader["rounds_rows_per_s"], ceiling["rounds_rows_per_s"])]
+    pairs = round_ratios(reader, ceiling)
     return statistics.median(pairs) if len(pairs) > 1 else None
+
+
+def round_ratios(reader: dict, ceiling: dict) -> list:
+    """A reader's rows/s over the ceiling's, round by round."""
+    return [r / c for r, c in zip(reader["rounds_rows_per_s"], ceiling["rounds_rows_per_s"])]
+
+
+def median_interval(pairs: list, resamples: int = 5000, seed: int = 0):
+    """A 95% percentile-bootstrap interval of the median of ``pairs`` (resampled with a fixed seed, so the
+    same rounds print the same interval); ``None`` for fewer than 10 rounds, where it would mean little."""
+    if len(pairs) < 10:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=500_000)
-    parser.add_argument("--repeat", type=int, default=5, help="rounds of runs; the best run counts")
+    parser.add_argument("--repeat", type=int, default=30,
+                        help="rounds of runs (the best run and the median per round count)")
     parser.add_argument("--out", help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
 
@@ -163,16 +182,19 @@ def main(argv=None) -> dict:
           f"{len(handle.file_urls)} files, {sum(map(len, handle.row_group_rows))} row groups; "
           f"prepare_datasets {prepare_s:.1f} s\n")
     print("| reader | rows/s (best) | x petastorm | of ceiling (best of each) | of ceiling (median per round) "
-          "| CPU s |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "| its 95% interval | CPU s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     ceiling_reader = results["(b) pyarrow iter_batches -> torch.from_numpy (ceiling)"]
     for name, r in results.items():
         r["vs_petastorm"] = r["rows_per_s"] / base
         r["vs_ceiling"] = r["rows_per_s"] / ceiling
         r["vs_ceiling_median_round"] = median_round_ratio(r, ceiling_reader)
+        r["vs_ceiling_median_round_interval"] = median_interval(round_ratios(r, ceiling_reader))
         paired = "" if r["vs_ceiling_median_round"] is None else f"{r['vs_ceiling_median_round']:.0%}"
+        interval = ("" if r["vs_ceiling_median_round_interval"] is None
+                    else "{:.0%}-{:.0%}".format(*r["vs_ceiling_median_round_interval"]))
         print(f"| {name} | {r['rows_per_s']:,.0f} | {r['vs_petastorm']:.1f}x | {r['vs_ceiling']:.0%} | {paired} "
-              f"| {r['cpu_s']:.2f} |")
+              f"| {interval} | {r['cpu_s']:.2f} |")
     report = {"rows": args.rows, "batch_size": BATCH, "prepare_seconds": prepare_s,
               "files": len(handle.file_urls), "row_groups": sum(map(len, handle.row_group_rows)),
               "machine": {"python": platform.python_version(), "cpus": os.cpu_count()}, "readers": results}
