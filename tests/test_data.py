@@ -484,6 +484,34 @@ def test_a_cache_the_user_made_with_petastorm_is_read_and_kept(spark_local, tmp_
         spark_local.conf.unset(CACHE_DIR_CONF)
 
 
+def test_petastorms_converter_module_is_imported_while_the_write_runs(tmp_path, monkeypatch):
+    # The driver needs Petastorm's converter module (0.15-0.6 s to import) only after the write: it imports it
+    # meanwhile, in a thread of its own, and a failed import is raised by the caller's own import afterwards.
+    import importlib
+    import sys
+    import uuid
+
+    from spark_dist.data.write import _importing_meanwhile
+
+    slow, broken = (f"spark_dist_test_{kind}_{uuid.uuid4().hex}" for kind in ("slow", "broken"))
+    (tmp_path / f"{slow}.py").write_text(
+        "import threading, time\nIMPORTED_BY = threading.current_thread().name\ntime.sleep(0.5)\n"
+        "DONE_AT = time.monotonic()\n")
+    (tmp_path / f"{broken}.py").write_text("raise ImportError('a dependency left out on purpose')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with _importing_meanwhile(slow):
+        block_started = time.monotonic()         # the block (the write) does not wait for the import
+    module = sys.modules[slow]                   # and the import is done once the block is
+    assert block_started < module.DONE_AT
+    assert module.IMPORTED_BY == "spark_dist-import" != threading.current_thread().name
+    with _importing_meanwhile(broken):
+        pass
+    with pytest.raises(ImportError, match="left out on purpose"):
+        importlib.import_module(broken)
+    for name in (slow, broken):
+        sys.modules.pop(name, None)
+
+
 def test_dataset_errors_keep_their_dataset_and_column_across_processes():
     import pickle
 

@@ -4,7 +4,11 @@ Writes the way Petastorm's ``make_spark_converter`` does (row groups, no compres
 with vectors as dense float32 arrays, and reuses a cache the user's own converter already made of the same
 DataFrame.
 """
+import contextlib
+import importlib
 import logging
+import sys
+import threading
 import time
 import uuid
 import warnings
@@ -21,6 +25,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastor
 
 logger = logging.getLogger(__name__)
 
+_CONVERTER_MODULE = "petastorm.spark.spark_dataset_converter"
 # Petastorm's converter writes 32 MiB row groups; a quarter of that bounds what a rank holds decoded (it decodes
 # whole row groups, one ahead of the one it shuffles from), gives the epoch order finer pieces to permute, and
 # wastes less where two ranks share a row group. Petastorm's own readers read either.
@@ -63,9 +68,9 @@ def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
     """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (by its
     analyzed plan; with the settings we use), which we read but never delete. Never under Spark Connect,
     where Petastorm's converter cannot run."""
-    if session.is_connect(spark):
-        return None
-    from petastorm.spark import spark_dataset_converter as psc
+    if session.is_connect(spark) or _CONVERTER_MODULE not in sys.modules:
+        return None  # no converter module imported in this process (by anyone, us included): no converter made
+    from petastorm.spark import spark_dataset_converter as psc  # waits where another thread is importing it
 
     with psc._cache_df_meta_list_lock:
         if not psc._cache_df_meta_list:
@@ -78,6 +83,30 @@ def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
                     and meta.df_plan.sameResult(plan)):
                 return meta.cache_dir_url
     return None
+
+
+@contextlib.contextmanager
+def _importing_meanwhile(module: str):
+    """Import ``module`` in a thread of its own while the ``with`` block runs (where no one has yet), and wait
+    for it at the block's end; the caller then imports it itself, which raises whatever the thread's import
+    raised. Why: Petastorm's converter module takes 0.15-0.6 s to import here (petastorm, its reader,
+    pyspark.ml), and the driver needs it only once the write is done, while it waits on the JVM."""
+    thread = None
+    if module not in sys.modules:
+        thread = threading.Thread(target=_import_quietly, args=(module,), daemon=True, name="spark_dist-import")
+        thread.start()
+    try:
+        yield
+    finally:
+        if thread is not None:
+            thread.join()
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 -- the caller's own import, after the block, raises it where it belongs
+        pass
 
 
 def _cache_files(spark, url: str) -> List[str]:
@@ -104,11 +133,12 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     Writes the way ``make_spark_converter`` does (row groups, no compression, doubles as float32), but skips
     its second job, a full ``count()`` of what was just written: the write counted its rows itself.
     """
-    from petastorm.spark import spark_dataset_converter as psc
     from pyspark.sql import Observation
 
     existing = _users_petastorm_cache(spark, df, parent_url)
     if existing is not None:
+        from petastorm.spark import spark_dataset_converter as psc
+
         files = _cache_files(spark, existing)
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
     # SQL text reads the columns by position (schema.by_position); the cache keeps the user's names.
@@ -123,8 +153,13 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     # plain values once it overflows, re-encoding what it buffered; on float features that made 8 MiB row groups
     # cost a third more than a plain write (1M rows x 32 floats: 1.44 s against 1.09 s without, 1.16 s Spark's
     # default write).
-    observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
-        .option("parquet.enable.dictionary", "false").parquet(url)
+    # Started after this thread's own imports for the write (pyspark.ml.functions, Observation): the two threads
+    # never import the same module at once.
+    with _importing_meanwhile(_CONVERTER_MODULE):
+        observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
+            .option("parquet.enable.dictionary", "false").parquet(url)
+    from petastorm.spark import spark_dataset_converter as psc
+
     files = _cache_files(spark, url)
     stats = _observed(observation)
     # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
