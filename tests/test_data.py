@@ -499,17 +499,37 @@ def test_petastorms_converter_module_is_imported_while_the_write_runs(tmp_path, 
         "DONE_AT = time.monotonic()\n")
     (tmp_path / f"{broken}.py").write_text("raise ImportError('a dependency left out on purpose')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with _importing_meanwhile(slow):
-        block_started = time.monotonic()         # the block (the write) does not wait for the import
-    module = sys.modules[slow]                   # and the import is done once the block is
-    assert block_started < module.DONE_AT
-    assert module.IMPORTED_BY == "spark_dist-import" != threading.current_thread().name
-    with _importing_meanwhile(broken):
-        pass
-    with pytest.raises(ImportError, match="left out on purpose"):
-        importlib.import_module(broken)
-    for name in (slow, broken):
-        sys.modules.pop(name, None)
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    try:
+        with _importing_meanwhile(slow):
+            block_started = time.monotonic()         # the block (the write) does not wait for the import
+        module = sys.modules[slow]                   # and the import is done once the block is
+        assert block_started < module.DONE_AT
+        assert module.IMPORTED_BY == "spark_dist-import" != threading.current_thread().name
+        with _importing_meanwhile(broken):
+            pass
+        assert escaped == []                         # the thread kept its error to itself ...
+        with pytest.raises(ImportError, match="left out on purpose"):
+            importlib.import_module(broken)          # ... for the caller's own import to raise
+    finally:
+        for name in (slow, broken):
+            sys.modules.pop(name, None)
+
+
+def test_a_petastorm_that_fails_to_import_leaves_no_cache_behind(spark_local, tmp_path, monkeypatch):
+    # The write runs before Petastorm's converter module is needed; where it then fails to import, the files
+    # just written are deleted, as they are after any other failure.
+    import sys
+
+    monkeypatch.setitem(sys.modules, "petastorm.spark.spark_dataset_converter", None)  # what a broken install does
+    spark_local.conf.set(CACHE_DIR_CONF, f"file://{tmp_path}")
+    try:
+        with pytest.raises(ImportError, match="spark_dataset_converter"):
+            prepare_datasets(spark_local, {"d": spark_local.range(23).selectExpr("id", "id * 7 AS x")}, num_ranks=1)
+    finally:
+        spark_local.conf.unset(CACHE_DIR_CONF)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
 def test_dataset_errors_keep_their_dataset_and_column_across_processes():

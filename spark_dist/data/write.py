@@ -7,6 +7,7 @@ DataFrame.
 import contextlib
 import importlib
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ from typing import Dict, Iterable, List, Optional
 
 from .. import jvm, session
 from .checks import _observed, _value_exprs
-from .handle import open_parquet
+from .handle import local_path, open_parquet, readable_url
 from .schema import VECTOR, by_position, position, sql
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
@@ -68,9 +69,9 @@ def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
     """The cache a ``make_spark_converter`` call of the user's already made of this very DataFrame (by its
     analyzed plan; with the settings we use), which we read but never delete. Never under Spark Connect,
     where Petastorm's converter cannot run."""
-    if session.is_connect(spark) or _CONVERTER_MODULE not in sys.modules:
+    if session.is_connect(spark) or sys.modules.get(_CONVERTER_MODULE) is None:
         return None  # no converter module imported in this process (by anyone, us included): no converter made
-    from petastorm.spark import spark_dataset_converter as psc  # waits where another thread is importing it
+    psc = _import_top_down(_CONVERTER_MODULE)  # waits where another thread is importing it
 
     with psc._cache_df_meta_list_lock:
         if not psc._cache_df_meta_list:
@@ -104,9 +105,36 @@ def _importing_meanwhile(module: str):
 
 def _import_quietly(module: str) -> None:
     try:
-        importlib.import_module(module)
+        _import_top_down(module)
     except Exception:  # noqa: BLE001 -- the caller's own import, after the block, raises it where it belongs
         pass
+
+
+def _import_top_down(module: str):
+    """``module``, imported package first, then each submodule: the order in which a user's own
+    ``from petastorm.spark import ...`` takes the import locks. ``importlib.import_module`` of the submodule
+    takes its lock before its package's, which can deadlock with a user's thread importing Petastorm at once."""
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        imported = importlib.import_module(".".join(parts[:depth]))
+    return imported
+
+
+def _remove_written(url: str) -> None:
+    """Delete a cache directory this process wrote but no Petastorm converter took over (best effort: a warning
+    names what is left)."""
+    try:
+        readable = readable_url(url)
+        path = local_path(readable)
+        if path is not None:
+            shutil.rmtree(path)
+        else:
+            from pyarrow import fs as pafs
+
+            filesystem, fs_path = pafs.FileSystem.from_uri(readable)
+            filesystem.delete_dir(fs_path)
+    except Exception as exc:  # noqa: BLE001 -- cleanup on an error path: the error itself is what the caller sees
+        logger.warning("spark_dist: could not delete the dataset cache %s: %r", url, exc)
 
 
 def _cache_files(spark, url: str) -> List[str]:
@@ -137,8 +165,7 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
 
     existing = _users_petastorm_cache(spark, df, parent_url)
     if existing is not None:
-        from petastorm.spark import spark_dataset_converter as psc
-
+        psc = _import_top_down(_CONVERTER_MODULE)
         files = _cache_files(spark, existing)
         return psc.SparkDatasetConverter(existing, files, _row_count(files)), False, None
     # SQL text reads the columns by position (schema.by_position); the cache keeps the user's names.
@@ -158,8 +185,11 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     with _importing_meanwhile(_CONVERTER_MODULE):
         observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
             .option("parquet.enable.dictionary", "false").parquet(url)
-    from petastorm.spark import spark_dataset_converter as psc
-
+    try:
+        psc = _import_top_down(_CONVERTER_MODULE)
+    except BaseException:  # Petastorm does not import: nothing may own the files just written, so none stay
+        _remove_written(url)
+        raise
     files = _cache_files(spark, url)
     stats = _observed(observation)
     # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
