@@ -517,6 +517,37 @@ def test_petastorms_converter_module_is_imported_while_the_write_runs(tmp_path, 
             sys.modules.pop(name, None)
 
 
+@pytest.mark.parametrize("user_first_by", [0.02, 0.1])
+def test_a_users_thread_importing_petastorm_meanwhile_is_not_deadlocked(user_first_by):
+    # A fresh process: the user's thread runs `from petastorm.spark import ...` while our thread imports the
+    # converter module for a write. Importing the submodule first took its lock before its package's, the
+    # reverse of the user's order, and Python raised _DeadlockError in the user's import.
+    import subprocess
+    import sys
+
+    code = f"""if True:
+        import threading, time
+        import spark_dist
+        from spark_dist.data import write
+        errors = []
+        def users_import():
+            try:
+                from petastorm.spark import make_spark_converter  # noqa: F401
+            except BaseException as exc:
+                errors.append(repr(exc))
+        user = threading.Thread(target=users_import)
+        user.start()
+        time.sleep({user_first_by})
+        with write._importing_meanwhile(write._CONVERTER_MODULE):
+            pass
+        user.join()
+        print(errors or "ok", write._import_top_down(write._CONVERTER_MODULE).__name__)
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["ok", "petastorm.spark.spark_dataset_converter"]
+
+
 def test_a_petastorm_that_fails_to_import_leaves_no_cache_behind(spark_local, tmp_path, monkeypatch):
     # The write runs before Petastorm's converter module is needed; where it then fails to import, the files
     # just written are deleted, as they are after any other failure.
