@@ -127,6 +127,22 @@ def open_parquet(url: str):
     return pq.ParquetFile(filesystem.open_input_file(fs_path))
 
 
+def delete_dir(url: str, ignore_errors: bool = False) -> None:
+    """Delete the directory ``url`` (a cache) and what it holds: with ``shutil`` where it is local (a mounted
+    ``dbfs:/`` too), else through ``pyarrow.fs``; ``ignore_errors`` as ``shutil.rmtree`` takes it."""
+    import shutil
+
+    readable = readable_url(url)
+    path = local_path(readable)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+        return
+    from pyarrow import fs as pafs
+
+    filesystem, fs_path = pafs.FileSystem.from_uri(readable)
+    filesystem.delete_dir(fs_path)
+
+
 def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
                    kinds: Dict[str, str], stats: Dict[str, ColumnStats]) -> DatasetHandle:
     """Build the handle of Parquet files from their footers (row groups, value types).

@@ -171,18 +171,9 @@ def _delete(entry: _Entry) -> None:
 def _delete_on_executor(spark, url: str) -> None:
     """Delete the cache directory ``url`` from one executor task (under Spark Connect with a remote driver)."""
     def delete(_index):
-        import shutil as _shutil
+        from .handle import delete_dir
 
-        from pyarrow import fs as pafs
-
-        from .handle import local_path as _local_path, readable_url
-
-        local = _local_path(url)
-        if local is not None:
-            _shutil.rmtree(local, ignore_errors=True)
-        else:
-            filesystem, path = pafs.FileSystem.from_uri(readable_url(url))
-            filesystem.delete_dir(path)
+        delete_dir(url, ignore_errors=True)
         return []
 
     session.run_on_executors(spark, 1, delete)

@@ -7,7 +7,6 @@ DataFrame.
 import contextlib
 import importlib
 import logging
-import shutil
 import sys
 import threading
 import time
@@ -17,7 +16,7 @@ from typing import Dict, Iterable, List, Optional
 
 from .. import jvm, session
 from .checks import _observed, _value_exprs
-from .handle import local_path, open_parquet, readable_url
+from .handle import delete_dir, open_parquet
 from .schema import VECTOR, by_position, position, sql
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
@@ -124,15 +123,7 @@ def _remove_written(url: str) -> None:
     """Delete a cache directory this process wrote but no Petastorm converter took over (best effort: a warning
     names what is left)."""
     try:
-        readable = readable_url(url)
-        path = local_path(readable)
-        if path is not None:
-            shutil.rmtree(path)
-        else:
-            from pyarrow import fs as pafs
-
-            filesystem, fs_path = pafs.FileSystem.from_uri(readable)
-            filesystem.delete_dir(fs_path)
+        delete_dir(url)
     except Exception as exc:  # noqa: BLE001 -- cleanup on an error path: the error itself is what the caller sees
         logger.warning("spark_dist: could not delete the dataset cache %s: %r", url, exc)
 
