@@ -563,6 +563,20 @@ def test_a_petastorm_that_fails_to_import_leaves_no_cache_behind(spark_local, tm
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
+def test_a_write_that_fails_leaves_no_cache_directory(spark_local, tmp_path):
+    # Spark's aborted write removes its files but keeps the directory it was given: a cache parent the user
+    # named would collect one empty directory per failed prepare_datasets.
+    spark_local.conf.set(CACHE_DIR_CONF, f"file://{tmp_path}")
+    try:
+        failing = spark_local.range(40, numPartitions=2).selectExpr(
+            "id", "CASE WHEN id = 33 THEN CAST(raise_error('row 33 is bad') AS BIGINT) ELSE id END AS x")
+        with pytest.raises(Exception, match="row 33 is bad"):
+            prepare_datasets(spark_local, {"d": failing}, num_ranks=1)
+    finally:
+        spark_local.conf.unset(CACHE_DIR_CONF)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_dataset_errors_keep_their_dataset_and_column_across_processes():
     import pickle
 

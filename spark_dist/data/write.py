@@ -173,18 +173,18 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     # default write).
     # Started after this thread's own imports for the write (pyspark.ml.functions, Observation): the two threads
     # never import the same module at once.
-    with _importing_meanwhile(_CONVERTER_MODULE):
-        observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
-            .option("parquet.enable.dictionary", "false").parquet(url)
     try:
+        with _importing_meanwhile(_CONVERTER_MODULE):
+            observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
+                .option("parquet.enable.dictionary", "false").parquet(url)
         psc = _import_top_down(_CONVERTER_MODULE)
-    except BaseException:  # Petastorm does not import: nothing may own the files just written, so none stay
+        files = _cache_files(spark, url)
+        stats = _observed(observation)
+        # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
+        rows = stats["rows"] if stats is not None else _row_count(files)
+        converter = psc.SparkDatasetConverter(url, files, rows)
+    except BaseException:  # a failed write, Petastorm not importing, ...: no converter owns the directory yet
         _remove_written(url)
         raise
-    files = _cache_files(spark, url)
-    stats = _observed(observation)
-    # The write counted its rows; the footers (read once more by describe_files) only when it did not say.
-    rows = stats["rows"] if stats is not None else _row_count(files)
-    converter = psc.SparkDatasetConverter(url, files, rows)
     logger.info("spark_dist: materialised %d rows in %d files at %s", len(converter), len(files), url)
     return converter, True, stats
