@@ -118,15 +118,9 @@ def measure(readers: dict, repeat: int) -> dict:
     return results
 
 
-def median_round_ratio(reader: dict, ceiling: dict):
-    """The median over rounds of a reader's rows/s over the ceiling's in the same round: the two best runs
-    behind the best-of ratio may come from different rounds, and single runs here move by +-30%."""
-    pairs = round_ratios(reader, ceiling)
-    return statistics.median(pairs) if len(pairs) > 1 else None
-
-
 def round_ratios(reader: dict, ceiling: dict) -> list:
-    """A reader's rows/s over the ceiling's, round by round."""
+    """A reader's rows/s over the ceiling's, round by round: the two best runs behind the best-of ratio may come
+    from different rounds, and single runs here move by +-30%."""
     return [r / c for r, c in zip(reader["rounds_rows_per_s"], ceiling["rounds_rows_per_s"])]
 
 
@@ -188,8 +182,9 @@ def main(argv=None) -> dict:
     for name, r in results.items():
         r["vs_petastorm"] = r["rows_per_s"] / base
         r["vs_ceiling"] = r["rows_per_s"] / ceiling
-        r["vs_ceiling_median_round"] = median_round_ratio(r, ceiling_reader)
-        r["vs_ceiling_median_round_interval"] = median_interval(round_ratios(r, ceiling_reader))
+        pairs = round_ratios(r, ceiling_reader)
+        r["vs_ceiling_median_round"] = statistics.median(pairs) if len(pairs) > 1 else None
+        r["vs_ceiling_median_round_interval"] = median_interval(pairs)
         paired = "" if r["vs_ceiling_median_round"] is None else f"{r['vs_ceiling_median_round']:.0%}"
         interval = ("" if r["vs_ceiling_median_round_interval"] is None
                     else "{:.0%}-{:.0%}".format(*r["vs_ceiling_median_round_interval"]))

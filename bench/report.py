@@ -76,17 +76,19 @@ def main():
         ], horovod))
     data = load("data")
     if data:
+        def found(d, prefix):
+            (name,) = [n for n in d["readers"] if n.startswith(prefix)]
+            return d["readers"][name]
+
         def reader(prefix, key):
             def pick(d):
-                (name,) = [n for n in d["readers"] if n.startswith(prefix)]
-                value = d["readers"][name][key]
+                value = found(d, prefix)[key]
                 return f"{value:,.0f}" if key == "rows_per_s" else (
                     f"{value:.1f}x" if key == "vs_petastorm" else f"{value:.0%}")
             return pick
         def median_round(prefix):
             def pick(d):
-                (name,) = [n for n in d["readers"] if n.startswith(prefix)]
-                r = d["readers"][name]
+                r = found(d, prefix)
                 interval = r.get("vs_ceiling_median_round_interval")
                 return f"{r['vs_ceiling_median_round']:.0%}" + ("" if not interval else
                                                                 "; {:.0%}-{:.0%}".format(*interval))
