@@ -196,15 +196,17 @@ def bench_fit(spark, fits):
             "held_out_accuracy": accuracies, "training_rows": "80% of 1,797 (randomSplit)"}
 
 
-def first_fits_in_fresh_sessions(sessions: int, master: str) -> dict:
+def first_fits_in_fresh_sessions(sessions: int, master: str, with_archive: bool) -> dict:
     """The session's first fit is the one a user waits for most, and the noisiest (JVM warm-up, Python
     workers starting, torch imported in them): measure it in ``sessions`` fresh processes, each its own JVM,
-    and in as many whose JVM starts with the class archive, the two kinds taking turns."""
+    and (``with_archive``) in as many whose JVM starts with the class archive, the two kinds taking turns."""
     import subprocess
 
     seconds = {"plain": [], "archive": []}
-    for _ in range(sessions):
-        for kind in seconds:
+    for i in range(sessions):
+        for kind in (("plain", "archive") if i % 2 == 0 else ("archive", "plain")):  # neither always first
+            if kind == "archive" and not with_archive:
+                continue
             out = subprocess.run([sys.executable, __file__, "--first-fit-only", "--master", master]
                                  + (["--jvm-archive"] if kind == "archive" else []),
                                  check=True, capture_output=True, text=True).stdout
@@ -213,13 +215,18 @@ def first_fits_in_fresh_sessions(sessions: int, master: str) -> dict:
 
 
 def ensure_jvm_archive() -> dict:
-    """This Java's and Spark's class archive, built now if missing (timed: a user's one-off cost)."""
+    """This Java's and Spark's class archive, built now if missing (timed: a user's one-off cost); where it
+    cannot be, why (the first fits then run without it only)."""
     from spark_dist import jvm_archive
+    from spark_dist.errors import ConfigError
 
-    path = jvm_archive.archive_path()
-    built = not os.path.isfile(path)
-    started = time.perf_counter()
-    jvm_archive.build_archive()
+    try:
+        path = jvm_archive.archive_path()
+        built = not os.path.isfile(path)
+        started = time.perf_counter()
+        jvm_archive.build_archive()
+    except (ConfigError, RuntimeError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
     return {"path_name": os.path.basename(path), "built_seconds": time.perf_counter() - started if built else None}
 
 
@@ -291,12 +298,13 @@ def main(argv=None) -> int:
     finally:
         spark.stop()
     fit["jvm_archive"] = ensure_jvm_archive()
-    fresh = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master)
+    fresh = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master, "error" not in fit["jvm_archive"])
     fit["fresh_session_first_fits"] = fresh["plain"]
     # The median over every session's first fit: this one's and the fresh sessions'.
     fit["first_fit_median"] = statistics.median([fit["first_fit_seconds"], *fit["fresh_session_first_fits"]])
     fit["archive_first_fits"] = fresh["archive"]
-    fit["archive_first_fit_median"] = statistics.median(fresh["archive"])
+    if fresh["archive"]:
+        fit["archive_first_fit_median"] = statistics.median(fresh["archive"])
     fit["import_torch_seconds"] = import_torch_seconds()
     horovod = horovod_estimator_status()
 
@@ -313,10 +321,14 @@ def main(argv=None) -> int:
     firsts = [fit["first_fit_seconds"], *fit["fresh_session_first_fits"]]
     print(f"| Pipeline, the session's first fit ({len(firsts)} fresh sessions) | {fit['first_fit_median']:.2f} | "
           f"{', '.join(f'{s:.2f}' for s in firsts)} |")
-    built = fit["jvm_archive"]["built_seconds"]
-    print(f"| Pipeline, the session's first fit, JVM class archive ({len(fit['archive_first_fits'])} fresh "
-          f"sessions; archive {'built in %.0f s' % built if built is not None else 'already built'}) | "
-          f"{fit['archive_first_fit_median']:.2f} | {', '.join(f'{s:.2f}' for s in fit['archive_first_fits'])} |")
+    if fit["archive_first_fits"]:
+        built = fit["jvm_archive"]["built_seconds"]
+        print(f"| Pipeline, the session's first fit, JVM class archive ({len(fit['archive_first_fits'])} fresh "
+              f"sessions; archive {'built in %.0f s' % built if built is not None else 'already built'}) | "
+              f"{fit['archive_first_fit_median']:.2f} | "
+              f"{', '.join(f'{s:.2f}' for s in fit['archive_first_fits'])} |")
+    elif "error" in fit["jvm_archive"]:
+        print(f"| Pipeline, the session's first fit, JVM class archive | - | not built: {fit['jvm_archive']['error']} |")
     print(f"| Pipeline, later fits (new split each) | {fit['pipeline_median']:.2f} | "
           f"{', '.join(f'{s:.2f}' for s in fit['pipeline_seconds'])} |")
     print(f"| TorchEstimator alone, same DataFrame again (Petastorm cache reused) | {fit['cache_reused_median']:.2f} | "

@@ -9,7 +9,8 @@
 Exit codes: 0 success; 1 a rank failed (its headline and traceback on stderr); 2 a usage or
 configuration error (bad flag, missing script, a :class:`~spark_dist.errors.ConfigError`, a SparkSession
 that could not start), always before any Spark job; 124 the run exceeded ``--timeout``; 130 interrupted.
-``jvm-archive``: 0 built (or found); 1 its build's job failed; 2 no usable Java (none, or older than 13).
+``jvm-archive``: 0 built (or found); 1 its build's job failed; 2 it cannot be built here (no usable Java, no
+Spark, files in Spark's conf directory, an unwritable cache directory); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -124,8 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     archive = commands.add_parser(
         "jvm-archive", help="build a class archive that makes local Spark sessions start faster",
         description="Build (once, about a minute) the class-data-sharing archive of this Java and these Spark "
-                    "jars (spark_dist.jvm_archive), then print the spark-defaults line that gives it to a "
-                    "session's driver JVM. Add your own driver Java options to that line if you have some.")
+                    "jars (spark_dist.jvm_archive), then print the properties line that gives it to a session's "
+                    "driver JVM, for a file you pass with --properties-file (not one in SPARK_CONF_DIR: a JVM "
+                    "maps no archive while that directory holds files). Add your own driver Java options to "
+                    "that line if you have some.")
     archive.add_argument("--rebuild", action="store_true", help="build it again even if it exists")
     archive.add_argument("--cache-dir", help="where archives live (default: $SPARK_DIST_CACHE/jvm, else "
                                              "~/.cache/spark_dist/jvm)")
@@ -313,6 +316,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except RuntimeError as exc:
             print(f"spark-dist: {exc}", file=sys.stderr)
             return EXIT_FAILED
+        except KeyboardInterrupt:  # the build's job was ended on the way out (build_archive)
+            print("spark-dist: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         return EXIT_OK
     return execute(args)
 

@@ -1,27 +1,36 @@
 """A class-data-sharing (CDS) archive of Spark's driver JVM: local sessions start and run their first jobs faster.
 
 A fresh JVM reads, parses and verifies every one of Spark's classes from its jars the first time it is used:
-a session that writes Parquet, assembles ML features and runs a barrier job loads about 20,000 of them, on the
-same cores that then import torch in the ranks. A dynamic CDS archive (JDK 13 and newer) dumped at the exit of
-one run of such a job holds those classes already parsed and verified; a JVM started with
-``-XX:SharedArchiveFile`` maps them instead (about 15,000 of the 17,000 classes of the digits Pipeline's first
-fit; the rest are made at run time or come from signed jars). On this project's 2-core machine that first fit of
-a fresh session went from 11.2 to 10.1 s, and the whole process, session start included, from 36 to 30 s
-(medians of 4 alternating pairs; BENCHMARKS.md). Peak speed is unchanged: the JIT is not involved.
+about 17,000 for a session's first ML fit (a Parquet write, ``VectorAssembler``, a barrier job), on the same
+cores that then import torch in the ranks. A dynamic CDS archive (JDK 13 and newer) dumped at the exit of one run
+of such a job holds them already parsed and verified; a JVM started with ``-XX:SharedArchiveFile`` maps them
+instead: about 15,000 of those 17,000 (the rest are made at run time, or come from signed jars, which CDS skips).
+On this project's 2-core machine the digits Pipeline's first fit in a fresh session went from 11.2 to 10.1 s, and
+the whole process, session start included, from 36 to 30 s (medians of 4 alternating pairs; BENCHMARKS.md has
+``make bench-ml``'s figures). Peak speed is unchanged: the JIT is not involved.
 
-    spark-dist jvm-archive            # build it once (about a minute), print the spark-defaults line
+    spark-dist jvm-archive            # build it once (about a minute), print the option
 
     from spark_dist import jvm_archive
     builder.config("spark.driver.extraJavaOptions", jvm_archive.driver_java_options())
 
-An archive is only valid for the Java and the Spark jars it was dumped with, so each pair gets its own file,
-named by a digest of both, under ``$SPARK_DIST_CACHE/jvm`` (default ``~/.cache/spark_dist/jvm``). A JVM whose
-class path was extended after the dump (``spark.jars``, ``spark.driver.extraClassPath``) prints a
-``[warning][cds]`` line and runs without the archive. It applies to a JVM started on this machine with the
-option: the driver (and with it a local master's executors), not executors that a cluster starts elsewhere.
+What a JVM checks before it maps an archive, and how this module keeps to it:
+
+- the same Java and the same class path as at the dump: each Java installation, set of Spark jars and class-path
+  setting (``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR``, ``SPARK_DIST_CLASSPATH``) gets its own
+  file, named by a digest of them, under ``$SPARK_DIST_CACHE/jvm`` (default ``~/.cache/spark_dist/jvm``; about
+  190 MB each, never pruned). A JVM whose class path grew in front (``spark.driver.extraClassPath``) prints a
+  ``[warning][cds]`` line and runs without it.
+- no non-empty directory in front of the jars: Spark puts its conf directory (``SPARK_CONF_DIR``, default
+  ``$SPARK_HOME/conf``) first, so an archive is only possible where that directory is empty or absent, as in a
+  pip-installed PySpark. Pass settings with ``--properties-file`` or the session builder instead; where the
+  directory holds files, :func:`java_options` gives nothing and :func:`build_archive` says why.
+- the file exists on the machine that starts the JVM: the option serves the driver (and with it a local master's
+  executors) in client mode, not a driver or executors that a cluster starts on other hosts.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -30,12 +39,20 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Optional
+import threading
+import time
+from typing import Dict, List, Optional
 
 from .errors import ConfigError
 
 _MIN_JAVA = 13  # -XX:ArchiveClassesAtExit (dynamic archives) came with JDK 13
 _BUILD_TIMEOUT_S = 600
+_STALE_PARTIAL_S = 3600  # a partial file this old belongs to no running build
+# What decides the driver's class path besides the jars (Spark's launcher, AbstractCommandBuilder.buildClassPath).
+_CLASS_PATH_VARIABLES = ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH")
+# Set by a process that runs under spark-submit, pyspark or Connect: the build's job must start a JVM of its own.
+_INHERITED_SESSION_VARIABLES = ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "PYSPARK_SUBMIT_ARGS",
+                                "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
 
 
 def cache_dir() -> str:
@@ -64,42 +81,106 @@ def java_binary() -> str:
     return java
 
 
-def _spark_jars() -> str:
-    from pyspark.find_spark_home import _find_spark_home
+_java_homes: Dict[str, str] = {}
 
-    return os.path.join(_find_spark_home(), "jars")
+
+def _java_files(java: str) -> List[str]:
+    """The files whose change invalidates an archive: the java binary, and its installation's JVM library, base
+    archive and release file. The installation is the binary's real path two levels up; where that is no JDK
+    (a jenv or asdf shim, which stays the same file when the JDK behind it changes) java is asked for its
+    ``java.home`` (once per process)."""
+    real = os.path.realpath(java)
+    home = os.path.dirname(os.path.dirname(real))
+    if not os.path.isfile(os.path.join(home, "lib", "server", "libjvm.so")):
+        if real not in _java_homes:
+            out = _run_java(real, "-XshowSettings:properties", "-version")
+            found = re.search(r"^\s*java\.home = (.+)$", out, re.M)
+            _java_homes[real] = found.group(1).strip() if found else home
+        home = _java_homes[real]
+    names = [os.path.join(home, "bin", "java"), os.path.join(home, "release")] + \
+        glob.glob(os.path.join(home, "lib", "server", "*"))
+    return [real] + sorted(n for n in names if os.path.isfile(n))
+
+
+def _run_java(java: str, *args: str) -> str:
+    try:
+        out = subprocess.run([java, *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"{java} {' '.join(args)} failed ({exc}): check JAVA_HOME or the java on PATH") from exc
+    return out.stderr + out.stdout
+
+
+def spark_jars() -> str:
+    """The jars directory of the Spark that PySpark launches (``SPARK_HOME``, else the pip package's).
+
+    Raises:
+        ConfigError: there is none (the message names ``SPARK_HOME``).
+    """
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        home = _find_spark_home()
+    except (ImportError, SystemExit) as exc:  # _find_spark_home exits when it finds nothing
+        raise ConfigError(f"no Spark installation found ({exc}): install pyspark or set SPARK_HOME") from None
+    jars = os.path.join(home, "jars")
+    if not os.path.isdir(jars):
+        raise ConfigError(f"SPARK_HOME={home} has no jars/ directory (a source tree?): point SPARK_HOME at a Spark "
+                          f"distribution or an installed pyspark")
+    return jars
+
+
+def conf_dir_in_the_way() -> Optional[str]:
+    """Spark's conf directory where it holds files (then no archive can serve this Spark), else ``None``.
+
+    HotSpot maps no archive whose class path has a non-empty directory in front of the classes it holds, and
+    Spark's launcher puts the conf directory in front of the jars."""
+    conf = os.environ.get("SPARK_CONF_DIR") or os.path.join(os.path.dirname(spark_jars()), "conf")
+    try:
+        return conf if os.path.isdir(conf) and os.listdir(conf) else None
+    except OSError:
+        return None
 
 
 def archive_path(directory: Optional[str] = None) -> str:
-    """The archive's file for this Java and these Spark jars (it may not exist yet): a digest of the java
-    binary's real path, size and time, and of every jar's name, size and time, so that an upgrade of either
-    gets a new file rather than an archive the JVM would refuse. Costs a ``stat`` per jar, no process.
+    """The archive's file for this Java, these Spark jars and this class-path setting (it may not exist yet): a
+    digest of the Java installation's files (path, size, time), of every jar (the same) and of
+    ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and ``SPARK_DIST_CLASSPATH``, so that a change
+    of any gets a new file rather than an archive the JVM would refuse. Costs a ``stat`` per jar.
 
     Raises:
-        ConfigError: no java (see :func:`java_binary`).
+        ConfigError: no java (see :func:`java_binary`) or no Spark (see :func:`spark_jars`).
     """
     digest = hashlib.sha256()
-    java = os.path.realpath(java_binary())
-    for path in [java] + sorted(os.path.join(_spark_jars(), n) for n in os.listdir(_spark_jars())):
+    jars = spark_jars()
+    for path in _java_files(java_binary()) + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
         st = os.stat(path)
         digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return os.path.join(directory or cache_dir(), f"spark-{digest.hexdigest()[:16]}.jsa")
+    for name in _CLASS_PATH_VARIABLES:
+        digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    return os.path.join(os.path.abspath(directory or cache_dir()), f"spark-{digest.hexdigest()[:16]}.jsa")
 
 
 def java_options(directory: Optional[str] = None) -> str:
-    """``-XX:SharedArchiveFile=<archive>`` where this Java's and Spark's archive has been built, else ``""``
-    (a JVM named a missing archive would also give up the JDK's own default archive)."""
+    """``-XX:SharedArchiveFile=<archive>`` where this Java's and Spark's archive has been built and can serve,
+    else ``""``: a JVM named a missing archive would also give up the JDK's own default archive. Quoted where
+    the path has spaces (Spark splits Java options on spaces outside quotes). Never raises."""
     try:
         path = archive_path(directory)
+        usable = os.path.isfile(path) and conf_dir_in_the_way() is None
     except (ConfigError, OSError):
         return ""
-    return f"-XX:SharedArchiveFile={path}" if os.path.isfile(path) else ""
+    return _java_option("SharedArchiveFile", path) if usable else ""
+
+
+def _java_option(name: str, path: str) -> str:
+    """``-XX:name=path``, quoted where the path has white space: Spark splits Java options on it."""
+    return f'-XX:{name}="{path}"' if re.search(r"\s", path) else f"-XX:{name}={path}"
 
 
 def driver_java_options(existing: str = "", directory: Optional[str] = None) -> str:
     """The value for ``spark.driver.extraJavaOptions``: ``existing`` (your own options, such as the log4j2
-    file) followed by :func:`java_options`. Set it before the session's JVM starts (in the builder, in
-    spark-defaults or ``spark-submit --conf``): a running JVM keeps the options it started with."""
+    file) followed by :func:`java_options`. Set it before the session's JVM starts (in the builder, a
+    ``--properties-file`` or ``spark-submit --conf``): a running JVM keeps the options it started with."""
     return " ".join(part for part in (existing.strip(), java_options(directory)) if part)
 
 
@@ -109,14 +190,9 @@ def java_major_version(java: str) -> int:
     Raises:
         ConfigError: it does not run or prints no version.
     """
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"{java} -version failed ({exc}): check JAVA_HOME or the java on PATH") from exc
-    found = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if out.returncode != 0 or found is None:
-        raise ConfigError(f"{java} -version printed no version (exit {out.returncode}): check JAVA_HOME or the "
-                          f"java on PATH")
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', _run_java(java, "-version"))
+    if found is None:
+        raise ConfigError(f"{java} -version printed no version: check JAVA_HOME or the java on PATH")
     major = int(found.group(1))
     return int(found.group(2) or 0) if major == 1 else major
 
@@ -126,16 +202,24 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     """Build the archive for this Java and these Spark jars, unless it exists (or ``rebuild``); return its path.
 
     The archive is dumped at the exit of a separate process that runs a small spark_dist job on ``local[2]``
-    (a Parquet write, a pandas-made DataFrame through ``VectorAssembler`` and :class:`~spark_dist.ml.TorchEstimator`
-    with 2 ranks, its transform, a shuffle): the classes such jobs load. It is written beside its final name and
-    renamed once complete, so a JVM never maps half an archive and a failed build leaves nothing.
+    (a Parquet write and read with a shuffle; a pandas-made DataFrame through ``VectorAssembler`` and
+    :class:`~spark_dist.ml.TorchEstimator` with 2 ranks; its transform): the classes such jobs load. It is
+    written beside its final name and renamed once complete, so that no JVM maps half an archive and a failed
+    build leaves nothing; the job ends itself if this process dies.
 
     Raises:
-        ConfigError: no java, or one older than 13 (the message names ``JAVA_HOME``).
+        ConfigError: no java, one older than 13 (the message names ``JAVA_HOME``), no Spark, Spark's conf
+            directory holds files (names ``SPARK_CONF_DIR``; see the module's notes), or ``directory`` cannot
+            be written.
         RuntimeError: the job failed, or ran past ``timeout`` seconds (then its processes are ended); the
             message holds the end of its output.
     """
     path = archive_path(directory)
+    conf = conf_dir_in_the_way()  # first: an archive already built cannot serve either
+    if conf is not None:
+        raise ConfigError(f"Spark's conf directory {conf} holds files, and a JVM maps no class archive with a "
+                          f"non-empty directory in front of Spark's jars: point SPARK_CONF_DIR at an empty "
+                          f"directory and pass its settings with --properties-file or the session builder")
     if os.path.isfile(path) and not rebuild:
         return path
     java = java_binary()
@@ -143,22 +227,21 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     if major < _MIN_JAVA:
         raise ConfigError(f"a JVM class archive needs Java {_MIN_JAVA} or newer; {java} is Java {major}: set "
                           f"JAVA_HOME to a newer Java (Spark 4 needs 17)")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial",
-                                   dir=os.path.dirname(path))
-    os.close(fd)
-    os.unlink(partial)  # the JVM creates it at exit
-    # Loopback unless told otherwise, and Python workers of this interpreter (the one with torch).
-    env = dict(os.environ, SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+    partial = _new_partial(path)
+    # Loopback unless told otherwise, Python workers of this interpreter (the one with torch), and a JVM of the
+    # job's own even where this process runs under spark-submit, pyspark or Connect.
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED_SESSION_VARIABLES}
+    env.update(SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
                PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
-    # A process group of its own: on a timeout the job's JVM and Python workers go with it.
-    job = subprocess.Popen([sys.executable, "-m", "spark_dist.jvm_archive", partial], env=env,
+    # A process group of its own, so that a timeout or an interrupt ends the job's JVM with it: killed, the JVM
+    # dumps nothing, where an orderly exit would write the partial file after its removal below.
+    job = subprocess.Popen([sys.executable, "-m", "spark_dist.jvm_archive", partial, str(os.getpid())], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = job.communicate(timeout=timeout)
         if job.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
-            raise RuntimeError(f"building the JVM class archive failed (exit {job.returncode}): "
-                               f"{_tail(output)}")
+            raise RuntimeError(f"building the JVM class archive failed (exit {job.returncode}); the job's output "
+                               f"ends (its full output: python -m spark_dist.jvm_archive FILE):\n{_tail(output)}")
         os.replace(partial, path)
         return path
     except subprocess.TimeoutExpired:
@@ -166,41 +249,75 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
         job.communicate()
         raise RuntimeError(f"building the JVM class archive ran past {timeout:g} s and was stopped") from None
     finally:
-        if job.poll() is None:  # interrupted: end the group rather than leave a JVM behind
+        if job.poll() is None:  # interrupted (Ctrl-C): end the group rather than leave a JVM behind
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
         if os.path.exists(partial):
             os.unlink(partial)
 
 
+def _new_partial(path: str) -> str:
+    """A fresh name beside ``path`` for the JVM to dump to, after removing partial files left by builds whose
+    process was killed outright (older than any build runs).
+
+    Raises:
+        ConfigError: the directory cannot be made or written (names it).
+    """
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for old in glob.glob(os.path.join(directory, "*.partial")):
+            if time.time() - os.path.getmtime(old) > _STALE_PARTIAL_S:
+                os.unlink(old)
+        fd, partial = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".partial", dir=directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write JVM class archives to {directory} ({exc}): pass another directory "
+                          f"(--cache-dir, or SPARK_DIST_CACHE)") from exc
+    os.close(fd)
+    os.unlink(partial)  # the JVM creates it at exit
+    return partial
+
+
 def _tail(output: str, lines: int = 30) -> str:
-    # The dump's own [warning][cds] lines (classes CDS cannot hold) say nothing about why a build failed.
-    kept = [line for line in (output or "").splitlines() if "[cds" not in line]
+    # The dump's warnings (one per class CDS cannot hold) say nothing about why a build failed; its errors do.
+    kept = [line for line in (output or "").splitlines() if "[warning][cds" not in line]
     return "\n".join(kept[-lines:]) or "(no output)"
 
 
-def _run_workload(dump_to: str) -> None:
-    """The archive's job (run as ``python -m spark_dist.jvm_archive FILE``): its JVM dumps the classes it
-    loaded to ``FILE`` when it exits, so this waits for that exit after the session stops."""
+def _end_with_parent(parent: int) -> None:
+    """End this job and its JVM at once (SIGKILL to the process group: a killed JVM dumps nothing) when the
+    process that started it is gone, which then cannot: killed outright, its clean-up never ran."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="spark_dist-jvm-archive-parent").start()
+
+
+def _run_workload(dump_to: str) -> int:
+    """The archive's job: its JVM dumps the classes it loaded to ``dump_to`` when it exits, so this waits for
+    that exit after the session stops; returns the JVM's exit code."""
     import tempfile as _tempfile
     import warnings
 
-    import pandas as pd
     from pyspark import SparkContext
-    from pyspark.ml import Pipeline
-    from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import SparkSession
-    from torch import nn
-
-    from .ml import TorchEstimator
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     spark = (SparkSession.builder.master("local[2]").appName("spark_dist jvm archive")
              .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={dump_to}")
+             .config("spark.driver.extraJavaOptions", _java_option("ArchiveClassesAtExit", dump_to))
              .getOrCreate())
     try:
+        import pandas as pd
+        from pyspark.ml import Pipeline
+        from pyspark.ml.feature import VectorAssembler
+        from torch import nn
+
+        from .ml import TorchEstimator
+
         with _tempfile.TemporaryDirectory(prefix="spark_dist-jvm-archive-") as scratch:
             spark.range(1000).selectExpr("id", "id % 10 AS label").write.parquet(os.path.join(scratch, "p"))
             spark.read.parquet(os.path.join(scratch, "p")).groupBy("label").count().collect()
@@ -218,8 +335,9 @@ def _run_workload(dump_to: str) -> None:
     gateway = SparkContext._gateway
     gateway.shutdown()
     gateway.proc.stdin.close()
-    gateway.proc.wait()
+    return gateway.proc.wait()
 
 
 if __name__ == "__main__":
-    _run_workload(sys.argv[1])
+    _end_with_parent(int(sys.argv[2]))
+    sys.exit(_run_workload(sys.argv[1]))

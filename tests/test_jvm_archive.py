@@ -7,8 +7,11 @@ in a JVM started with them and this test process may already hold one.
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -20,7 +23,8 @@ from test_cli import run_command, spark_dist
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``spark-dist jvm-archive --cache-dir D``: its output line and D."""
-    directory = str(tmp_path_factory.mktemp("jvm-archives"))
+    # A space in the path: Spark splits Java options on spaces outside quotes.
+    directory = str(tmp_path_factory.mktemp("jvm-archives") / "with space")
     result = spark_dist("jvm-archive", "--cache-dir", directory, timeout=420)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout.strip(), directory
@@ -29,7 +33,7 @@ def built(tmp_path_factory):
 def test_the_command_builds_it_and_prints_the_spark_defaults_line(built):
     line, directory = built
     path = jvm_archive.archive_path(directory)
-    assert line == f"spark.driver.extraJavaOptions -XX:SharedArchiveFile={path}"
+    assert line == f'spark.driver.extraJavaOptions -XX:SharedArchiveFile="{path}"'
     assert os.path.getsize(path) > 10 << 20  # thousands of classes, not an empty dump
     assert os.listdir(directory) == [os.path.basename(path)]  # the partial file was renamed, nothing else
 
@@ -90,18 +94,64 @@ def _fake_spark_home(root, jars):
     return root
 
 
-def test_each_java_and_spark_jars_get_their_own_archive(tmp_path, monkeypatch):
+def _fake_jdk(root):
+    """A directory laid out as a JDK (bin/java, lib/server/libjvm.so, release): the key reads these files'
+    sizes and times, and never runs them."""
+    (root / "bin").mkdir(parents=True)
+    (root / "lib" / "server").mkdir(parents=True)
+    shutil.copy(os.path.realpath(jvm_archive.java_binary()), root / "bin" / "java")
+    (root / "lib" / "server" / "libjvm.so").write_bytes(b"\x7fELF one build")
+    (root / "release").write_text('JAVA_VERSION="17.0.15"\n')
+    return root
+
+
+def test_each_java_spark_and_class_path_get_their_own_archive(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_HOME", str(_fake_spark_home(tmp_path / "spark", ["a.jar", "b.jar"])))
-    first = jvm_archive.archive_path(str(tmp_path))
-    assert jvm_archive.archive_path(str(tmp_path)) == first
-    (tmp_path / "spark" / "jars" / "c.jar").write_bytes(b"PK")  # an upgrade adds or replaces jars
-    second = jvm_archive.archive_path(str(tmp_path))
-    assert second != first
-    # Another Java installation (here a copy of this one's binary under its own JAVA_HOME).
-    (tmp_path / "jdk" / "bin").mkdir(parents=True)
-    shutil.copy(os.path.realpath(jvm_archive.java_binary()), tmp_path / "jdk" / "bin" / "java")
-    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
-    assert jvm_archive.archive_path(str(tmp_path)) not in (first, second)
+    monkeypatch.setenv("JAVA_HOME", str(_fake_jdk(tmp_path / "jdk")))
+    for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH"):
+        monkeypatch.delenv(name, raising=False)
+    seen = [jvm_archive.archive_path(str(tmp_path))]
+    assert jvm_archive.archive_path(str(tmp_path)) == seen[0]  # the same installation, the same file
+
+    (tmp_path / "spark" / "jars" / "c.jar").write_bytes(b"PK")  # Spark upgraded: jars added or replaced
+    seen.append(jvm_archive.archive_path(str(tmp_path)))
+    # The JDK updated in place (same paths, a new JVM library), as a package manager does.
+    (tmp_path / "jdk" / "lib" / "server" / "libjvm.so").write_bytes(b"\x7fELF the next build, longer")
+    seen.append(jvm_archive.archive_path(str(tmp_path)))
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path / "hadoop-conf"))  # on the class path, after the jars
+    seen.append(jvm_archive.archive_path(str(tmp_path)))
+    assert len(set(seen)) == len(seen), seen
+
+
+def test_spark_conf_files_in_front_of_the_jars_rule_the_archive_out(built, tmp_path, monkeypatch):
+    """Spark's launcher puts SPARK_CONF_DIR first on the class path, and HotSpot maps no archive behind a
+    non-empty directory: with files there, no option, and the build says what to change."""
+    _, directory = built
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    os.link(_built_file(directory), jvm_archive.archive_path(directory))  # this setting's archive (same bytes)
+    try:
+        assert jvm_archive.java_options(directory) != ""  # an empty conf directory is no obstacle
+        (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+        assert jvm_archive.java_options(directory) == ""
+        with pytest.raises(ConfigError, match=f"conf directory {re.escape(str(conf))} holds files.*SPARK_CONF_DIR"):
+            jvm_archive.build_archive(directory)
+    finally:
+        os.unlink(jvm_archive.archive_path(directory))
+
+
+def _built_file(directory):
+    (name,) = [n for n in os.listdir(directory) if n.endswith(".jsa")]
+    return os.path.join(directory, name)
+
+
+def test_a_path_with_spaces_is_quoted(tmp_path):
+    directory = tmp_path / "my archives"
+    path = jvm_archive.archive_path(str(directory))
+    directory.mkdir()
+    open(path, "wb").close()
+    assert jvm_archive.java_options(str(directory)) == f'-XX:SharedArchiveFile="{path}"'
 
 
 def test_a_java_home_without_java_is_named(tmp_path, monkeypatch):
@@ -139,22 +189,74 @@ def test_a_java_older_than_13_is_refused_before_any_job(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()  # refused before anything was made
 
 
-def test_the_real_java_is_17_or_newer():
-    assert jvm_archive.java_major_version(jvm_archive.java_binary()) >= 17  # what Spark 4 needs
-
-
-def test_a_build_past_its_timeout_leaves_no_file_and_no_process(tmp_path):
-    directory = tmp_path / "cache"
-    with pytest.raises(RuntimeError, match="ran past 15 s and was stopped"):
-        jvm_archive.build_archive(str(directory), timeout=15)
-    assert os.listdir(directory) == []
-    # Neither the job's Python nor its JVM (whose command lines name the partial file in this directory).
-    alive = []
+def _processes_naming(text):
+    """Pids of the processes whose command line holds ``text`` (the build's job and its JVM name the partial
+    file they dump to)."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if str(directory).encode() in f.read():
-                    alive.append(pid)
+                if text.encode() in f.read():
+                    found.append(int(pid))
         except OSError:
             pass
-    assert alive == []
+    return found
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def stuck_python_workers(tmp_path, monkeypatch):
+    """PYSPARK_PYTHON that never starts: the job's JVM comes up, runs its JVM-only jobs and then waits for
+    the first Python worker for ever. Returns the file where that worker writes its pid."""
+    pid_file = tmp_path / "worker.pid"
+    script = tmp_path / "stuck-python"
+    script.write_text(f"#!/bin/sh\necho $$ > '{pid_file}'\nexec sleep 600\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PYSPARK_PYTHON", str(script))
+    return pid_file
+
+
+def _wait_for(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return condition()
+
+
+def test_a_build_past_its_timeout_is_stopped_and_leaves_nothing(tmp_path, stuck_python_workers):
+    directory = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="ran past 20 s and was stopped"):
+        jvm_archive.build_archive(str(directory), timeout=20)
+    assert os.listdir(directory) == []
+    assert _processes_naming(str(directory)) == []  # neither the job's Python nor its JVM
+    if stuck_python_workers.exists():  # the JVM got as far as its first Python worker: that went too
+        assert _wait_for(lambda: not _alive(int(stuck_python_workers.read_text())), 10)
+
+
+def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_workers):
+    """The caller killed outright (SIGKILL: no clean-up runs) while the job's JVM is up: the job ends its
+    process group (the JVM killed dumps no archive), so nothing keeps running and nothing is written."""
+    directory = tmp_path / "cache"
+    caller = subprocess.Popen([sys.executable, "-c", "import sys; from spark_dist import jvm_archive; "
+                               "jvm_archive.build_archive(sys.argv[1])", str(directory)], start_new_session=True)
+    try:
+        assert _wait_for(stuck_python_workers.exists, 180), "the job's JVM never asked for a Python worker"
+        worker = int(stuck_python_workers.read_text())
+        caller.kill()
+        caller.wait()
+        assert _wait_for(lambda: _processes_naming(str(directory)) == [] and not _alive(worker), 15), \
+            _processes_naming(str(directory))
+        assert os.listdir(directory) == []
+    finally:
+        for pid in _processes_naming(str(directory)):  # only where the assertion above failed
+            os.kill(pid, signal.SIGKILL)
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
