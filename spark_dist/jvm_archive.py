@@ -9,7 +9,8 @@ On this project's 2-core machine the digits Pipeline's first fit in a fresh sess
 the whole process, session start included, from 36 to 30 s (medians of 4 alternating pairs; BENCHMARKS.md has
 ``make bench-ml``'s figures). Peak speed is unchanged: the JIT is not involved.
 
-    spark-dist jvm-archive            # build it once (about a minute), print the option
+    spark-dist jvm-archive            # build it once (about a minute), print the option;
+                                      # `spark-dist run` uses it by itself from then on
 
     from spark_dist import jvm_archive
     builder.config("spark.driver.extraJavaOptions", jvm_archive.driver_java_options())

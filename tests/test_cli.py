@@ -247,6 +247,7 @@ def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monk
     from spark_dist.cli import session_conf
 
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path / "cache"))  # no JVM class archive built there
     props = tmp_path / "p.conf"
     props.write_text("spark.master local[4]\nspark.executor.memory 2g\nspark.sql.shuffle.partitions 8\n")
     args = parse_run("--properties-file", str(props), "--conf", "spark.executor.memory=3g",
@@ -265,6 +266,22 @@ def test_driver_host_follows_spark_local_ip_only_when_set(monkeypatch):
     assert session_conf(parse_run(TRAIN))["spark.driver.host"] == "10.1.2.3"
     explicit = parse_run("--conf", "spark.driver.host=node7", TRAIN)
     assert session_conf(explicit)["spark.driver.host"] == "node7"
+
+
+def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monkeypatch):
+    """Once `spark-dist jvm-archive` built this Java's and Spark's archive, `spark-dist run` starts its driver
+    with it, after the options you gave (tests/test_jvm_archive.py shows a JVM using a real one)."""
+    from spark_dist import jvm_archive
+    from spark_dist.cli import session_conf
+
+    monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path))
+    args = parse_run("--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
+    assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"  # none built yet
+    archive = jvm_archive.archive_path()
+    os.makedirs(os.path.dirname(archive))
+    open(archive, "wb").close()  # stands for a built one: only its presence is read here
+    assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-Dmine=1 -XX:SharedArchiveFile={archive}"
+    assert session_conf(parse_run(TRAIN))["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
 
 
 def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):
