@@ -5,9 +5,10 @@ about 17,000 for a session's first ML fit (a Parquet write, ``VectorAssembler``,
 cores that then import torch in the ranks. A dynamic CDS archive (JDK 13 and newer) dumped at the exit of one run
 of such a job holds them already parsed and verified; a JVM started with ``-XX:SharedArchiveFile`` maps them
 instead: about 15,000 of those 17,000 (the rest are made at run time, or come from signed jars, which CDS skips).
-On this project's 2-core machine the digits Pipeline's first fit in a fresh session went from 11.2 to 10.1 s, and
-the whole process, session start included, from 36 to 30 s (medians of 4 alternating pairs; BENCHMARKS.md has
-``make bench-ml``'s figures). Peak speed is unchanged: the JIT is not involved.
+On this project's 2-core machine, Spark 4 line, the digits Pipeline's first fit in a fresh session went from 11.2
+to 10.1 s, and the whole process, session start included, from 36 to 30 s (medians of 4 alternating pairs); on the
+3.5 line only the session's start gained, about 3 s (BENCHMARKS.md). Peak speed is unchanged: the JIT is not
+involved.
 
     spark-dist jvm-archive            # build it once (about a minute), print the option;
                                       # `spark-dist run` uses it by itself from then on
