@@ -139,7 +139,8 @@ def jvm_archive_line(args: argparse.Namespace) -> str:
     """Build the JVM class archive if needed; the ``spark.driver.extraJavaOptions`` line that uses it.
 
     Raises:
-        ConfigError: no usable Java (see :func:`spark_dist.jvm_archive.build_archive`).
+        ConfigError: it cannot be built here: no usable Java or Spark, files in Spark's conf directory, an
+            unwritable cache directory (see :func:`spark_dist.jvm_archive.build_archive`).
         RuntimeError: the build's job failed.
     """
     from . import jvm_archive

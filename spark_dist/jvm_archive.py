@@ -181,8 +181,11 @@ def _java_option(name: str, path: str) -> str:
 
 def driver_java_options(existing: str = "", directory: Optional[str] = None) -> str:
     """The value for ``spark.driver.extraJavaOptions``: ``existing`` (your own options, such as the log4j2
-    file) followed by :func:`java_options`. Set it before the session's JVM starts (in the builder, a
+    file) followed by :func:`java_options`; ``existing`` alone where it already decides class sharing itself
+    (an archive of its own, ``-Xshare:off``). Set it before the session's JVM starts (in the builder, a
     ``--properties-file`` or ``spark-submit --conf``): a running JVM keeps the options it started with."""
+    if re.search(r"-XX:(SharedArchiveFile|ArchiveClassesAtExit)=|-Xshare:", existing):
+        return existing.strip()
     return " ".join(part for part in (existing.strip(), java_options(directory)) if part)
 
 

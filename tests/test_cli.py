@@ -282,6 +282,10 @@ def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monk
     open(archive, "wb").close()  # stands for a built one: only its presence is read here
     assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-Dmine=1 -XX:SharedArchiveFile={archive}"
     assert session_conf(parse_run(TRAIN))["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
+    # Options that decide class sharing themselves are left alone.
+    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1"):
+        args = parse_run("--conf", f"spark.driver.extraJavaOptions={own}", TRAIN)
+        assert session_conf(args)["spark.driver.extraJavaOptions"] == own
 
 
 def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):
