@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "jars (spark_dist.jvm_archive), then print the properties line that gives it to a session's "
                     "driver JVM, for a file you pass with --properties-file (not one in SPARK_CONF_DIR: a JVM "
                     "maps no archive while that directory holds files). Add your own driver Java options to "
-                    "that line if you have some. 'spark-dist run' uses the archive by itself once it is built.")
+                    "that line if you have some. 'spark-dist run' uses the archive by itself once it is built "
+                    "in the default cache directory.")
     archive.add_argument("--rebuild", action="store_true", help="build it again even if it exists")
     archive.add_argument("--cache-dir", help="where archives live (default: $SPARK_DIST_CACHE/jvm, else "
                                              "~/.cache/spark_dist/jvm)")
@@ -200,7 +201,8 @@ def read_properties(path: str) -> Dict[str, str]:
 
 def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     """The Spark conf for the session: properties file, then --conf, then --master (later wins), and the JVM
-    class archive (:mod:`spark_dist.jvm_archive`) after your own driver Java options where one was built.
+    class archive (:mod:`spark_dist.jvm_archive`) after your own driver Java options where one was built in
+    the default cache directory (and no ``spark.driver.extraClassPath`` is set).
 
     Under spark-submit, only these explicit entries: defaults here would override spark-submit's own conf (and
     its JVM runs already).
@@ -222,12 +224,15 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
         conf["spark.driver.host"] = local_ip
     # One barrier stage runs the whole training: its progress bar would only garble the ranks' output.
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits.
-    from . import jvm_archive
+    # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits
+    # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
+    # on stdout at every start.
+    if "spark.driver.extraClassPath" not in conf:
+        from . import jvm_archive
 
-    java_options = jvm_archive.driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
-    if java_options:
-        conf["spark.driver.extraJavaOptions"] = java_options
+        java_options = jvm_archive.driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
+        if java_options:
+            conf["spark.driver.extraJavaOptions"] = java_options
     return conf
 
 

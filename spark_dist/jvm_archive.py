@@ -93,7 +93,7 @@ def _java_files(java: str) -> List[str]:
     ``java.home`` (once per process)."""
     real = os.path.realpath(java)
     home = os.path.dirname(os.path.dirname(real))
-    if not os.path.isfile(os.path.join(home, "lib", "server", "libjvm.so")):
+    if not glob.glob(os.path.join(home, "lib", "server", "libjvm.*")):  # .so, or .dylib on macOS
         if real not in _java_homes:
             out = _run_java(real, "-XshowSettings:properties", "-version")
             found = re.search(r"^\s*java\.home = (.+)$", out, re.M)
@@ -106,7 +106,7 @@ def _java_files(java: str) -> List[str]:
 
 def _run_java(java: str, *args: str) -> str:
     try:
-        out = subprocess.run([java, *args], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([java, *args], capture_output=True, text=True, errors="replace", timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"{java} {' '.join(args)} failed ({exc}): check JAVA_HOME or the java on PATH") from exc
     return out.stderr + out.stdout
@@ -131,12 +131,18 @@ def spark_jars() -> str:
     return jars
 
 
+def _conf_dir() -> str:
+    """Spark's conf directory as its launcher puts it on the class path (``SPARK_CONF_DIR``, by default
+    ``$SPARK_HOME/conf``, which spark-submit's scripts also export under that name), resolved."""
+    return os.path.realpath(os.environ.get("SPARK_CONF_DIR") or os.path.join(os.path.dirname(spark_jars()), "conf"))
+
+
 def conf_dir_in_the_way() -> Optional[str]:
     """Spark's conf directory where it holds files (then no archive can serve this Spark), else ``None``.
 
     HotSpot maps no archive whose class path has a non-empty directory in front of the classes it holds, and
     Spark's launcher puts the conf directory in front of the jars."""
-    conf = os.environ.get("SPARK_CONF_DIR") or os.path.join(os.path.dirname(spark_jars()), "conf")
+    conf = _conf_dir()
     try:
         return conf if os.path.isdir(conf) and os.listdir(conf) else None
     except OSError:
@@ -157,8 +163,9 @@ def archive_path(directory: Optional[str] = None) -> str:
     for path in _java_files(java_binary()) + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
         st = os.stat(path)
         digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    for name in _CLASS_PATH_VARIABLES:
-        digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    for name in _CLASS_PATH_VARIABLES:  # the conf directory resolved: set or defaulted, it is the same path
+        value = _conf_dir() if name == "SPARK_CONF_DIR" else os.environ.get(name, "")
+        digest.update(f"{name}={value}\n".encode())
     return os.path.join(os.path.abspath(directory or cache_dir()), f"spark-{digest.hexdigest()[:16]}.jsa")
 
 
@@ -166,10 +173,12 @@ def java_options(directory: Optional[str] = None) -> str:
     """``-XX:SharedArchiveFile=<archive>`` where this Java's and Spark's archive has been built and can serve,
     else ``""``: a JVM named a missing archive would also give up the JDK's own default archive. Quoted where
     the path has spaces (Spark splits Java options on spaces outside quotes). Never raises."""
+    if not glob.glob(os.path.join(glob.escape(os.path.abspath(directory or cache_dir())), "*.jsa")):
+        return ""  # none built: no need to look at the jars (spark-dist run asks on every start)
     try:
         path = archive_path(directory)
         usable = os.path.isfile(path) and conf_dir_in_the_way() is None
-    except (ConfigError, OSError):
+    except (ConfigError, OSError, ValueError):
         return ""
     return _java_option("SharedArchiveFile", path) if usable else ""
 
@@ -184,7 +193,7 @@ def driver_java_options(existing: str = "", directory: Optional[str] = None) -> 
     file) followed by :func:`java_options`; ``existing`` alone where it already decides class sharing itself
     (an archive of its own, ``-Xshare:off``). Set it before the session's JVM starts (in the builder, a
     ``--properties-file`` or ``spark-submit --conf``): a running JVM keeps the options it started with."""
-    if re.search(r"-XX:(SharedArchiveFile|ArchiveClassesAtExit)=|-Xshare:", existing):
+    if re.search(r"-XX:(SharedArchiveFile|ArchiveClassesAtExit)=|-Xshare:|-XX:[+-]UseSharedSpaces", existing):
         return existing.strip()
     return " ".join(part for part in (existing.strip(), java_options(directory)) if part)
 
@@ -246,7 +255,8 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
         output, _ = job.communicate(timeout=timeout)
         if job.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
             raise RuntimeError(f"building the JVM class archive failed (exit {job.returncode}); the job's output "
-                               f"ends (its full output: python -m spark_dist.jvm_archive FILE):\n{_tail(output)}")
+                               f"ends (to see all of it, run the job by hand: python -m spark_dist.jvm_archive "
+                               f"/tmp/test.jsa):\n{_tail(output)}")
         os.replace(partial, path)
         return path
     except subprocess.TimeoutExpired:
@@ -291,7 +301,13 @@ def _tail(output: str, lines: int = 30) -> str:
 
 def _end_with_parent(parent: int) -> None:
     """End this job and its JVM at once (SIGKILL to the process group: a killed JVM dumps nothing) when the
-    process that started it is gone, which then cannot: killed outright, its clean-up never ran."""
+    process that started it is gone, which then cannot: killed outright, its clean-up never ran. Only as
+    :func:`build_archive` starts it, leading a process group of its own with ``parent`` as its parent: run by
+    hand, the group would be the shell's."""
+    if os.getpgrp() != os.getpid() or os.getppid() != parent:
+        sys.exit(f"spark_dist.jvm_archive: started by {os.getppid()}, not by build_archive in {parent} as a "
+                 f"process group of its own: run it by hand without the parent pid")
+
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -343,6 +359,7 @@ def _run_workload(dump_to: str) -> int:
     return gateway.proc.wait()
 
 
-if __name__ == "__main__":
-    _end_with_parent(int(sys.argv[2]))
+if __name__ == "__main__":  # python -m spark_dist.jvm_archive FILE [PARENT_PID (build_archive's)]
+    if len(sys.argv) > 2:
+        _end_with_parent(int(sys.argv[2]))
     sys.exit(_run_workload(sys.argv[1]))

@@ -16,7 +16,9 @@ Fixtures (use at most one spark_* fixture per test: only one SparkContext can li
   spark_manager        the session-wide SparkManager behind all of these
 """
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import uuid
 
@@ -33,6 +35,9 @@ os.environ["SPARK_DIST_TEST_SESSION"] = uuid.uuid4().hex  # fresh even in a nest
 # suite's two lines share two cores. Nothing the tests check depends on the JIT or the collector.
 os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
     p for p in [os.environ.get("JAVA_TOOL_OPTIONS", ""), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"] if p)
+# spark_dist's own cache (JVM class archives) in a directory of this run: `spark-dist run` in the tests must
+# not pick up an archive that a benchmark built in the user's cache. Removed at the end of the session.
+os.environ["SPARK_DIST_CACHE"] = tempfile.mkdtemp(prefix="spark_dist-test-cache-")
 # cloudpickle pickles functions of test modules by reference ("test_x.f"): Python workers of every
 # set-up (they inherit the JVM's environment) must be able to import tests/*.py too.
 _tests_dir = os.path.dirname(os.path.abspath(__file__))
@@ -192,6 +197,7 @@ def _no_leaked_processes():
     from spark_dist import tempdirs
 
     tempdirs.sweep("rank")
+    shutil.rmtree(os.environ["SPARK_DIST_CACHE"], ignore_errors=True)
     if leaks:
         msg = describe(leaks)
         for p in leaks:  # all of them were started by this session (descendant or marker)

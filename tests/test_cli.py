@@ -275,6 +275,7 @@ def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monk
     from spark_dist.cli import session_conf
 
     monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # the pip PySpark's: no conf directory in the way
     args = parse_run("--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
     assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"  # none built yet
     archive = jvm_archive.archive_path()
@@ -283,9 +284,12 @@ def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monk
     assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-Dmine=1 -XX:SharedArchiveFile={archive}"
     assert session_conf(parse_run(TRAIN))["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
     # Options that decide class sharing themselves are left alone.
-    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1"):
+    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1", "-XX:-UseSharedSpaces"):
         args = parse_run("--conf", f"spark.driver.extraJavaOptions={own}", TRAIN)
         assert session_conf(args)["spark.driver.extraJavaOptions"] == own
+    # A class path grown in front of Spark's: the JVM would refuse the archive (with a warning at every start).
+    args = parse_run("--conf", "spark.driver.extraClassPath=/opt/my.jar", TRAIN)
+    assert "spark.driver.extraJavaOptions" not in session_conf(args)
 
 
 def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):

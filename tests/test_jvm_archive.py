@@ -123,30 +123,36 @@ def test_each_java_spark_and_class_path_get_their_own_archive(tmp_path, monkeypa
     assert len(set(seen)) == len(seen), seen
 
 
-def test_spark_conf_files_in_front_of_the_jars_rule_the_archive_out(built, tmp_path, monkeypatch):
+def test_spark_conf_files_in_front_of_the_jars_rule_the_archive_out(tmp_path, monkeypatch):
     """Spark's launcher puts SPARK_CONF_DIR first on the class path, and HotSpot maps no archive behind a
-    non-empty directory: with files there, no option, and the build says what to change."""
-    _, directory = built
+    non-empty directory (a real session refused one: BENCHMARKS.md, session 13): with files there, no option,
+    and the build says what to change."""
     conf = tmp_path / "conf"
     conf.mkdir()
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
-    os.link(_built_file(directory), jvm_archive.archive_path(directory))  # this setting's archive (same bytes)
-    try:
-        assert jvm_archive.java_options(directory) != ""  # an empty conf directory is no obstacle
-        (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
-        assert jvm_archive.java_options(directory) == ""
-        with pytest.raises(ConfigError, match=f"conf directory {re.escape(str(conf))} holds files.*SPARK_CONF_DIR"):
-            jvm_archive.build_archive(directory)
-    finally:
-        os.unlink(jvm_archive.archive_path(directory))
+    directory = str(tmp_path / "cache")
+    os.makedirs(directory)
+    # An empty file stands for this setting's archive: only its presence is read here.
+    open(jvm_archive.archive_path(directory), "wb").close()
+    assert jvm_archive.java_options(directory) != ""  # an empty conf directory is no obstacle
+    (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    assert jvm_archive.java_options(directory) == ""
+    with pytest.raises(ConfigError, match=f"conf directory {re.escape(str(conf))} holds files.*SPARK_CONF_DIR"):
+        jvm_archive.build_archive(directory)
 
 
-def _built_file(directory):
-    (name,) = [n for n in os.listdir(directory) if n.endswith(".jsa")]
-    return os.path.join(directory, name)
+def test_the_conf_directory_counts_by_where_it_is_not_how_it_is_named(tmp_path, monkeypatch):
+    """spark-submit's scripts export SPARK_CONF_DIR=$SPARK_HOME/conf: the same class path, so the same archive."""
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    default = jvm_archive.archive_path(str(tmp_path))
+    monkeypatch.setenv("SPARK_CONF_DIR", os.path.join(os.path.dirname(jvm_archive.spark_jars()), "conf"))
+    assert jvm_archive.archive_path(str(tmp_path)) == default
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "elsewhere"))
+    assert jvm_archive.archive_path(str(tmp_path)) != default
 
 
-def test_a_path_with_spaces_is_quoted(tmp_path):
+def test_a_path_with_spaces_is_quoted(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
     directory = tmp_path / "my archives"
     path = jvm_archive.archive_path(str(directory))
     directory.mkdir()
@@ -220,7 +226,9 @@ def stuck_python_workers(tmp_path, monkeypatch):
     script.write_text(f"#!/bin/sh\necho $$ > '{pid_file}'\nexec sleep 600\n")
     script.chmod(0o755)
     monkeypatch.setenv("PYSPARK_PYTHON", str(script))
-    return pid_file
+    yield pid_file
+    if pid_file.exists() and _alive(int(pid_file.read_text())):  # only where the test failed to end it
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def _wait_for(condition, seconds):
@@ -235,7 +243,8 @@ def test_a_build_past_its_timeout_is_stopped_and_leaves_nothing(tmp_path, stuck_
     with pytest.raises(RuntimeError, match="ran past 20 s and was stopped"):
         jvm_archive.build_archive(str(directory), timeout=20)
     assert os.listdir(directory) == []
-    assert _processes_naming(str(directory)) == []  # neither the job's Python nor its JVM
+    # Neither the job's Python nor its JVM (killed, the JVM may take a moment to be gone).
+    assert _wait_for(lambda: _processes_naming(str(directory)) == [], 15), _processes_naming(str(directory))
     if stuck_python_workers.exists():  # the JVM got as far as its first Python worker: that went too
         assert _wait_for(lambda: not _alive(int(stuck_python_workers.read_text())), 10)
 
@@ -260,3 +269,11 @@ def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_worke
         if caller.poll() is None:
             caller.kill()
             caller.wait()
+
+
+def test_the_job_run_by_hand_with_a_pid_not_its_parent_refuses_to_watch(tmp_path):
+    """The watcher kills its process group when its parent goes; run by hand, that group would be the shell's."""
+    result = run_command([sys.executable, "-m", "spark_dist.jvm_archive", str(tmp_path / "x.jsa"), "1"], timeout=60)
+    assert result.returncode != 0
+    assert "not by build_archive in 1" in result.stderr
+    assert os.listdir(tmp_path) == []
