@@ -328,7 +328,8 @@ def main(argv=None) -> int:
               f"{fit['archive_first_fit_median']:.2f} | "
               f"{', '.join(f'{s:.2f}' for s in fit['archive_first_fits'])} |")
     elif "error" in fit["jvm_archive"]:
-        print(f"| Pipeline, the session's first fit, JVM class archive | - | not built: {fit['jvm_archive']['error']} |")
+        print(f"| Pipeline, the session's first fit, JVM class archive | - | "
+              f"not built: {fit['jvm_archive']['error']} |")
     print(f"| Pipeline, later fits (new split each) | {fit['pipeline_median']:.2f} | "
           f"{', '.join(f'{s:.2f}' for s in fit['pipeline_seconds'])} |")
     print(f"| TorchEstimator alone, same DataFrame again (Petastorm cache reused) | {fit['cache_reused_median']:.2f} | "
