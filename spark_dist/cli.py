@@ -146,8 +146,8 @@ def jvm_archive_line(args: argparse.Namespace) -> str:
     """
     from . import jvm_archive
 
-    jvm_archive.build_archive(args.cache_dir, rebuild=args.rebuild)
-    return f"spark.driver.extraJavaOptions {jvm_archive.java_options(args.cache_dir)}"
+    path = jvm_archive.build_archive(args.cache_dir, rebuild=args.rebuild)
+    return f"spark.driver.extraJavaOptions {jvm_archive.archive_option(path)}"
 
 
 def conf_path() -> str:

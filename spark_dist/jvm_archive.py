@@ -50,8 +50,9 @@ from .errors import ConfigError
 _MIN_JAVA = 13  # -XX:ArchiveClassesAtExit (dynamic archives) came with JDK 13
 _BUILD_TIMEOUT_S = 600
 _STALE_PARTIAL_S = 3600  # a partial file this old belongs to no running build
-# What decides the driver's class path besides the jars (Spark's launcher, AbstractCommandBuilder.buildClassPath).
-_CLASS_PATH_VARIABLES = ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH")
+# What decides the driver's class path besides the jars and the conf directory (Spark's launcher,
+# AbstractCommandBuilder.buildClassPath).
+_CLASS_PATH_VARIABLES = ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH")
 # Set by a process that runs under spark-submit, pyspark or Connect: the build's job must start a JVM of its own.
 _INHERITED_SESSION_VARIABLES = ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "PYSPARK_SUBMIT_ARGS",
                                 "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
@@ -163,9 +164,10 @@ def archive_path(directory: Optional[str] = None) -> str:
     for path in _java_files(java_binary()) + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
         st = os.stat(path)
         digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    for name in _CLASS_PATH_VARIABLES:  # the conf directory resolved: set or defaulted, it is the same path
-        value = _conf_dir() if name == "SPARK_CONF_DIR" else os.environ.get(name, "")
-        digest.update(f"{name}={value}\n".encode())
+    # The conf directory resolved: set or defaulted, it is the same path on the class path.
+    digest.update(f"SPARK_CONF_DIR={_conf_dir()}\n".encode())
+    for name in _CLASS_PATH_VARIABLES:
+        digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
     return os.path.join(os.path.abspath(directory or cache_dir()), f"spark-{digest.hexdigest()[:16]}.jsa")
 
 
@@ -180,7 +182,12 @@ def java_options(directory: Optional[str] = None) -> str:
         usable = os.path.isfile(path) and conf_dir_in_the_way() is None
     except (ConfigError, OSError, ValueError):
         return ""
-    return _java_option("SharedArchiveFile", path) if usable else ""
+    return archive_option(path) if usable else ""
+
+
+def archive_option(path: str) -> str:
+    """The JVM option that maps the archive at ``path`` (as :func:`build_archive` returns it)."""
+    return _java_option("SharedArchiveFile", path)
 
 
 def _java_option(name: str, path: str) -> str:
@@ -319,7 +326,6 @@ def _end_with_parent(parent: int) -> None:
 def _run_workload(dump_to: str) -> int:
     """The archive's job: its JVM dumps the classes it loaded to ``dump_to`` when it exits, so this waits for
     that exit after the session stops; returns the JVM's exit code."""
-    import tempfile as _tempfile
     import warnings
 
     from pyspark import SparkContext
@@ -339,7 +345,7 @@ def _run_workload(dump_to: str) -> int:
 
         from .ml import TorchEstimator
 
-        with _tempfile.TemporaryDirectory(prefix="spark_dist-jvm-archive-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="spark_dist-jvm-archive-") as scratch:
             spark.range(1000).selectExpr("id", "id % 10 AS label").write.parquet(os.path.join(scratch, "p"))
             spark.read.parquet(os.path.join(scratch, "p")).groupBy("label").count().collect()
             names = [f"x{i}" for i in range(8)]
