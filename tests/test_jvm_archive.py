@@ -11,10 +11,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
+import psutil
 import pytest
 
+from clusters import _wait_for, running, still_running_after
 from spark_dist import jvm_archive
 from spark_dist.errors import ConfigError
 from test_cli import run_command, spark_dist
@@ -198,23 +199,7 @@ def test_a_java_older_than_13_is_refused_before_any_job(tmp_path, monkeypatch):
 def _processes_naming(text):
     """Pids of the processes whose command line holds ``text`` (the build's job and its JVM name the partial
     file they dump to)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.fixture
@@ -227,15 +212,9 @@ def stuck_python_workers(tmp_path, monkeypatch):
     script.chmod(0o755)
     monkeypatch.setenv("PYSPARK_PYTHON", str(script))
     yield pid_file
-    if pid_file.exists() and _alive(int(pid_file.read_text())):  # only where the test failed to end it
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
-
-
-def _wait_for(condition, seconds):
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return condition()
+    if pid_file.exists():
+        for pid in running([int(pid_file.read_text())]):  # only where the test failed to end it
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_build_past_its_timeout_is_stopped_and_leaves_nothing(tmp_path, stuck_python_workers):
@@ -244,9 +223,9 @@ def test_a_build_past_its_timeout_is_stopped_and_leaves_nothing(tmp_path, stuck_
         jvm_archive.build_archive(str(directory), timeout=20)
     assert os.listdir(directory) == []
     # Neither the job's Python nor its JVM (killed, the JVM may take a moment to be gone).
-    assert _wait_for(lambda: _processes_naming(str(directory)) == [], 15), _processes_naming(str(directory))
+    assert still_running_after(_processes_naming(str(directory)), 15) == []
     if stuck_python_workers.exists():  # the JVM got as far as its first Python worker: that went too
-        assert _wait_for(lambda: not _alive(int(stuck_python_workers.read_text())), 10)
+        assert still_running_after([int(stuck_python_workers.read_text())], 10) == []
 
 
 def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_workers):
@@ -256,12 +235,11 @@ def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_worke
     caller = subprocess.Popen([sys.executable, "-c", "import sys; from spark_dist import jvm_archive; "
                                "jvm_archive.build_archive(sys.argv[1])", str(directory)], start_new_session=True)
     try:
-        assert _wait_for(stuck_python_workers.exists, 180), "the job's JVM never asked for a Python worker"
+        _wait_for("the job's JVM to ask for a Python worker", stuck_python_workers.exists, 180)
         worker = int(stuck_python_workers.read_text())
         caller.kill()
         caller.wait()
-        assert _wait_for(lambda: _processes_naming(str(directory)) == [] and not _alive(worker), 15), \
-            _processes_naming(str(directory))
+        assert still_running_after(_processes_naming(str(directory)) + [worker], 15) == []
         assert os.listdir(directory) == []
     finally:
         for pid in _processes_naming(str(directory)):  # only where the assertion above failed
