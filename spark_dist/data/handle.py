@@ -129,7 +129,8 @@ def open_parquet(url: str):
 
 def delete_dir(url: str, ignore_errors: bool = False) -> None:
     """Delete the directory ``url`` (a cache) and what it holds: with ``shutil`` where it is local (a mounted
-    ``dbfs:/`` too), else through ``pyarrow.fs``; ``ignore_errors`` as ``shutil.rmtree`` takes it."""
+    ``dbfs:/`` too), else through ``pyarrow.fs``; ``ignore_errors`` as ``shutil.rmtree`` takes it, for a local
+    directory only (``pyarrow.fs`` raises its errors either way, as both callers' paths did before)."""
     import shutil
 
     readable = readable_url(url)
