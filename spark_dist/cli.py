@@ -230,7 +230,9 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     if "spark.driver.extraClassPath" not in conf:
         from . import jvm_archive
 
-        java_options = jvm_archive.driver_java_options(conf.get("spark.driver.extraJavaOptions", ""))
+        java_options = jvm_archive.driver_java_options(
+            conf.get("spark.driver.extraJavaOptions", ""),
+            default_options=conf.get("spark.driver.defaultJavaOptions", ""))
         if java_options:
             conf["spark.driver.extraJavaOptions"] = java_options
     return conf

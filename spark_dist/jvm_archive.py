@@ -21,7 +21,8 @@ What a JVM checks before it maps an archive, and how this module keeps to it:
 - the same Java and the same class path as at the dump: each Java installation, set of Spark jars and class-path
   setting (``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR``, ``SPARK_DIST_CLASSPATH``) gets its own
   file, named by a digest of them, under ``$SPARK_DIST_CACHE/jvm`` (default ``~/.cache/spark_dist/jvm``; about
-  190 MB each, never pruned). A JVM whose class path grew in front (``spark.driver.extraClassPath``) prints a
+  190 MB each; a new build deletes the one it replaces, built for the same paths before a JDK or pyspark
+  update). A JVM whose class path grew in front (``spark.driver.extraClassPath``) prints a
   ``[warning][cds]`` line and runs without it.
 - no non-empty directory in front of the jars: Spark puts its conf directory (``SPARK_CONF_DIR``, default
   ``$SPARK_HOME/conf``) first, so an archive is only possible where that directory is empty or absent, as in a
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -46,6 +48,8 @@ import time
 from typing import Dict, List, Optional
 
 from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 _MIN_JAVA = 13  # -XX:ArchiveClassesAtExit (dynamic archives) came with JDK 13
 _BUILD_TIMEOUT_S = 600
@@ -151,24 +155,48 @@ def conf_dir_in_the_way() -> Optional[str]:
 
 
 def archive_path(directory: Optional[str] = None) -> str:
-    """The archive's file for this Java, these Spark jars and this class-path setting (it may not exist yet): a
-    digest of the Java installation's files (path, size, time), of every jar (the same) and of
-    ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and ``SPARK_DIST_CLASSPATH``, so that a change
-    of any gets a new file rather than an archive the JVM would refuse. Costs a ``stat`` per jar.
+    """The archive's file for this Java, these Spark jars and this class-path setting (it may not exist yet).
+
+    Named ``spark-<place>-<files>.jsa``: ``place`` a digest of where the inputs are (the java binary, the jars
+    directory, ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and ``SPARK_DIST_CLASSPATH``),
+    ``files`` a digest of what they hold (the Java installation's files and every jar: path, size, time). A
+    change of any gets a new file rather than an archive the JVM would refuse; one of the files alone (a JDK or
+    pyspark updated in place) leaves the place the same, which is how :func:`build_archive` knows which older
+    archive the new one replaces. Costs a ``stat`` per jar.
 
     Raises:
         ConfigError: no java (see :func:`java_binary`) or no Spark (see :func:`spark_jars`).
     """
-    digest = hashlib.sha256()
-    jars = spark_jars()
-    for path in _java_files(java_binary()) + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
-        st = os.stat(path)
-        digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    java, jars = java_binary(), spark_jars()
+    place = hashlib.sha256(f"java={java}\0jars={jars}\0".encode())
     # The conf directory resolved: set or defaulted, it is the same path on the class path.
-    digest.update(f"SPARK_CONF_DIR={_conf_dir()}\n".encode())
+    place.update(f"SPARK_CONF_DIR={_conf_dir()}\n".encode())
     for name in _CLASS_PATH_VARIABLES:
-        digest.update(f"{name}={os.environ.get(name, '')}\n".encode())
-    return os.path.join(os.path.abspath(directory or cache_dir()), f"spark-{digest.hexdigest()[:16]}.jsa")
+        place.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    files = hashlib.sha256()
+    for path in _java_files(java) + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
+        st = os.stat(path)
+        files.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    name = f"spark-{place.hexdigest()[:8]}-{files.hexdigest()[:16]}.jsa"
+    return os.path.join(os.path.abspath(directory or cache_dir()), name)
+
+
+def _remove_replaced(path: str) -> List[str]:
+    """Delete the archives that ``path`` replaces: those of the same place (:func:`archive_path`) built for files
+    that have changed since, which no JVM started from that place can map any more. Those of other Java or
+    Spark installations, or other class-path settings, stay. A JVM still running with one keeps its mapping.
+    Returns the paths deleted; best effort (one that cannot be deleted is left, with a warning)."""
+    place = os.path.basename(path).split("-")[1]
+    removed = []
+    for old in glob.glob(os.path.join(glob.escape(os.path.dirname(path)), f"spark-{place}-*.jsa")):
+        if old == path:
+            continue
+        try:
+            os.unlink(old)
+            removed.append(old)
+        except OSError as exc:
+            logger.warning("spark_dist: could not delete the replaced JVM class archive %s: %s", old, exc)
+    return removed
 
 
 def java_options(directory: Optional[str] = None) -> str:
@@ -195,12 +223,20 @@ def _java_option(name: str, path: str) -> str:
     return f'-XX:{name}="{path}"' if re.search(r"\s", path) else f"-XX:{name}={path}"
 
 
-def driver_java_options(existing: str = "", directory: Optional[str] = None) -> str:
+def decides_class_sharing(options: str) -> bool:
+    """Whether Java options choose class sharing themselves (an archive of their own, ``-Xshare:off``, ...)."""
+    return re.search(r"-XX:(SharedArchiveFile|ArchiveClassesAtExit)=|-Xshare:|-XX:[+-]UseSharedSpaces",
+                     options) is not None
+
+
+def driver_java_options(existing: str = "", directory: Optional[str] = None, *, default_options: str = "") -> str:
     """The value for ``spark.driver.extraJavaOptions``: ``existing`` (your own options, such as the log4j2
-    file) followed by :func:`java_options`; ``existing`` alone where it already decides class sharing itself
-    (an archive of its own, ``-Xshare:off``). Set it before the session's JVM starts (in the builder, a
-    ``--properties-file`` or ``spark-submit --conf``): a running JVM keeps the options it started with."""
-    if re.search(r"-XX:(SharedArchiveFile|ArchiveClassesAtExit)=|-Xshare:|-XX:[+-]UseSharedSpaces", existing):
+    file) followed by :func:`java_options`; ``existing`` alone where it, or ``default_options`` (the session's
+    ``spark.driver.defaultJavaOptions``, which Spark puts before it), already decides class sharing itself (an
+    archive of its own, ``-Xshare:off``): the archive's option would override your choice, or be ignored. Set
+    it before the session's JVM starts (in the builder, a ``--properties-file`` or ``spark-submit --conf``): a
+    running JVM keeps the options it started with."""
+    if decides_class_sharing(existing) or decides_class_sharing(default_options):
         return existing.strip()
     return " ".join(part for part in (existing.strip(), java_options(directory)) if part)
 
@@ -226,7 +262,8 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     (a Parquet write and read with a shuffle; a pandas-made DataFrame through ``VectorAssembler`` and
     :class:`~spark_dist.ml.TorchEstimator` with 2 ranks; its transform): the classes such jobs load. It is
     written beside its final name and renamed once complete, so that no JVM maps half an archive and a failed
-    build leaves nothing; the job ends itself if this process dies.
+    build leaves nothing; the job ends itself if this process dies. Once built, it deletes the archive it
+    replaces: the one built for the same Java, Spark and class-path setting before their files changed.
 
     Raises:
         ConfigError: no java, one older than 13 (the message names ``JAVA_HOME``), no Spark, Spark's conf
@@ -265,6 +302,7 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
                                f"ends (to see all of it, run the job by hand: python -m spark_dist.jvm_archive "
                                f"/tmp/test.jsa):\n{_tail(output)}")
         os.replace(partial, path)
+        _remove_replaced(path)
         return path
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)

@@ -287,6 +287,12 @@ def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monk
     for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1", "-XX:-UseSharedSpaces"):
         args = parse_run("--conf", f"spark.driver.extraJavaOptions={own}", TRAIN)
         assert session_conf(args)["spark.driver.extraJavaOptions"] == own
+        # ... also where they come from spark.driver.defaultJavaOptions, which Spark puts before yours.
+        args = parse_run("--conf", f"spark.driver.defaultJavaOptions={own}",
+                         "--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
+        assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"
+    args = parse_run("--conf", "spark.driver.defaultJavaOptions=-Dsite=1", TRAIN)  # not about class sharing
+    assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
     # A class path grown in front of Spark's: the JVM would refuse the archive (with a warning at every start).
     args = parse_run("--conf", "spark.driver.extraClassPath=/opt/my.jar", TRAIN)
     assert "spark.driver.extraJavaOptions" not in session_conf(args)

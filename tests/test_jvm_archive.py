@@ -26,6 +26,12 @@ def built(tmp_path_factory):
     """``spark-dist jvm-archive --cache-dir D``: its output line and D."""
     # A space in the path: Spark splits Java options on spaces outside quotes.
     directory = str(tmp_path_factory.mktemp("jvm-archives") / "with space")
+    os.makedirs(directory)
+    # Already there: this installation's archive from before an update of its files (its place is the same,
+    # its files part is not), and another installation's. Empty files stand for them: names are all a build reads.
+    place = _place(jvm_archive.archive_path(directory))
+    for name in (f"spark-{place}-{'0' * 16}.jsa", f"spark-{'0' * 8}-{'0' * 16}.jsa"):
+        open(os.path.join(directory, name), "wb").close()
     result = spark_dist("jvm-archive", "--cache-dir", directory, timeout=420)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout.strip(), directory
@@ -36,7 +42,8 @@ def test_the_command_builds_it_and_prints_the_spark_defaults_line(built):
     path = jvm_archive.archive_path(directory)
     assert line == f'spark.driver.extraJavaOptions -XX:SharedArchiveFile="{path}"'
     assert os.path.getsize(path) > 10 << 20  # thousands of classes, not an empty dump
-    assert os.listdir(directory) == [os.path.basename(path)]  # the partial file was renamed, nothing else
+    # The partial file was renamed, and the archive it replaces deleted; another installation's stays.
+    assert sorted(os.listdir(directory)) == sorted([os.path.basename(path), f"spark-{'0' * 8}-{'0' * 16}.jsa"])
 
 
 def test_a_second_build_reuses_the_archive(built):
@@ -119,9 +126,17 @@ def test_each_java_spark_and_class_path_get_their_own_archive(tmp_path, monkeypa
     # The JDK updated in place (same paths, a new JVM library), as a package manager does.
     (tmp_path / "jdk" / "lib" / "server" / "libjvm.so").write_bytes(b"\x7fELF the next build, longer")
     seen.append(jvm_archive.archive_path(str(tmp_path)))
+    # Files changed at the same paths: the same place, which tells a build what its archive replaces.
+    assert {_place(path) for path in seen} == {_place(seen[0])}
     monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path / "hadoop-conf"))  # on the class path, after the jars
     seen.append(jvm_archive.archive_path(str(tmp_path)))
     assert len(set(seen)) == len(seen), seen
+    assert _place(seen[-1]) != _place(seen[0])  # another class path: an archive beside the first, not after it
+
+
+def _place(archive: str) -> str:
+    """The part of an archive's name that says which paths it was built for: spark-<place>-<files>.jsa."""
+    return os.path.basename(archive).split("-")[1]
 
 
 def test_spark_conf_files_in_front_of_the_jars_rule_the_archive_out(tmp_path, monkeypatch):
