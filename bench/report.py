@@ -123,6 +123,24 @@ def main():
             ("a fresh `import torch` that day (machine speed)",
              lambda d: seconds(d["fit"]["import_torch_seconds"]) if "import_torch_seconds" in d["fit"] else "-"),
         ], ml))
+    history = load("history")
+    if history:
+        out.append(table("The session's first fit against the code when #17 was filed (fresh processes taking "
+                         "turns, the same hour)", [
+            ("that code (median)", lambda d: f"{seconds(d['then_median'])} ({d['against']})"),
+            ("this code (median)", lambda d: seconds(d["now_median"])),
+            ("**this code / that code** (goal: 6 s of 8.35 s = 0.72x; of eee1b36's own 6.91-7.13 s, 0.84-0.87x)",
+             lambda d: f"**{d['ratio_of_medians']:.2f}x**"),
+            ("this code with the JVM class archive (median); / that code",
+             lambda d: f"{seconds(d['now_archive_median'])}; {d['archive_ratio_of_medians']:.2f}x"
+             if "now_archive_median" in d else "-"),
+            ("later fits, that code / this code (medians)",
+             lambda d: f"{seconds(d['then_later_median'])} / {seconds(d['now_later_median'])}"
+             if "now_later_median" in d else "-"),
+            ("**later fits, this code / that code** (goal: 3 s of eee1b36's own 2.98-3.21 s, 0.93-1.0x)",
+             lambda d: f"**{d['later_ratio_of_medians']:.2f}x**" if "later_ratio_of_medians" in d else "-"),
+            ("a fresh `import torch` that hour", lambda d: seconds(d["import_torch_seconds"])),
+        ], history))
     recovery = load("recovery")
     if recovery:
         out.append(table("Failure detection and recovery (standalone, 2 ranks)", [
