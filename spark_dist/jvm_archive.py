@@ -40,6 +40,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -157,41 +158,48 @@ def conf_dir_in_the_way() -> Optional[str]:
 def archive_path(directory: Optional[str] = None) -> str:
     """The archive's file for this Java, these Spark jars and this class-path setting (it may not exist yet).
 
-    Named ``spark-<place>-<files>.jsa``: ``place`` a digest of where the inputs are (the java binary, the jars
-    directory, ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and ``SPARK_DIST_CLASSPATH``),
-    ``files`` a digest of what they hold (the Java installation's files and every jar: path, size, time). A
-    change of any gets a new file rather than an archive the JVM would refuse; one of the files alone (a JDK or
-    pyspark updated in place) leaves the place the same, which is how :func:`build_archive` knows which older
-    archive the new one replaces. Costs a ``stat`` per jar.
+    Named ``spark-<place>-<files>.jsa``. ``place`` is a digest of where the inputs are: this machine's name, the
+    Java installation's files (by path: one JDK behind a ``java`` that update-alternatives switches is not
+    another's), the jars directory, ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and
+    ``SPARK_DIST_CLASSPATH``. ``files`` is a digest of what they hold: the Java installation's files and every
+    jar, by path, size and time. A change of any gets a new file rather than an archive the JVM would refuse; a
+    change of the files alone (a JDK or pyspark updated in place) leaves the place the same, which is how
+    :func:`build_archive` knows which older archive the new one replaces. Costs a ``stat`` per jar.
 
     Raises:
         ConfigError: no java (see :func:`java_binary`) or no Spark (see :func:`spark_jars`).
     """
-    java, jars = java_binary(), spark_jars()
-    place = hashlib.sha256(f"java={java}\0jars={jars}\0".encode())
+    java_files, jars = _java_files(java_binary()), spark_jars()
+    # The machine's name too: a cache directory shared by several machines (an NFS home) holds each one's own,
+    # and a build on one never deletes another's.
+    place = hashlib.sha256(f"host={socket.gethostname()}\0jars={jars}\0".encode())
+    for path in java_files:
+        place.update(f"java={path}\0".encode())
     # The conf directory resolved: set or defaulted, it is the same path on the class path.
     place.update(f"SPARK_CONF_DIR={_conf_dir()}\n".encode())
     for name in _CLASS_PATH_VARIABLES:
         place.update(f"{name}={os.environ.get(name, '')}\n".encode())
     files = hashlib.sha256()
-    for path in _java_files(java) + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
+    for path in java_files + sorted(os.path.join(jars, n) for n in os.listdir(jars)):
         st = os.stat(path)
         files.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    name = f"spark-{place.hexdigest()[:8]}-{files.hexdigest()[:16]}.jsa"
+    name = f"spark-{place.hexdigest()[:16]}-{files.hexdigest()[:16]}.jsa"
     return os.path.join(os.path.abspath(directory or cache_dir()), name)
 
 
-def _remove_replaced(path: str) -> List[str]:
-    """Delete the archives that ``path`` replaces: those of the same place (:func:`archive_path`) built for files
-    that have changed since, which no JVM started from that place can map any more. Those of other Java or
-    Spark installations, or other class-path settings, stay. A JVM still running with one keeps its mapping.
+def _remove_replaced(path: str, started: float) -> List[str]:
+    """Delete the archives that ``path``, whose build began at ``started`` (``time.time()``), replaces: those of
+    the same place (:func:`archive_path`) finished before that, built for files that have changed since, which
+    no JVM started from that place can map any more. Those of other machines, Java or Spark installations or
+    class-path settings stay, and so does one that another build finished meanwhile (for files newer than the
+    ones this build began with, maybe). A JVM on this machine still running with a deleted one keeps its mapping.
     Returns the paths deleted; best effort (one that cannot be deleted is left, with a warning)."""
     place = os.path.basename(path).split("-")[1]
     removed = []
     for old in glob.glob(os.path.join(glob.escape(os.path.dirname(path)), f"spark-{place}-*.jsa")):
-        if old == path:
-            continue
         try:
+            if old == path or os.path.getmtime(old) >= started:
+                continue
             os.unlink(old)
             removed.append(old)
         except OSError as exc:
@@ -272,6 +280,7 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
         RuntimeError: the job failed, or ran past ``timeout`` seconds (then its processes are ended); the
             message holds the end of its output.
     """
+    started = time.time()
     path = archive_path(directory)
     conf = conf_dir_in_the_way()  # first: an archive already built cannot serve either
     if conf is not None:
@@ -302,7 +311,7 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
                                f"ends (to see all of it, run the job by hand: python -m spark_dist.jvm_archive "
                                f"/tmp/test.jsa):\n{_tail(output)}")
         os.replace(partial, path)
-        _remove_replaced(path)
+        _remove_replaced(path, started)
         return path
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,9 @@ from spark_dist.errors import ConfigError
 from test_cli import run_command, spark_dist
 
 
+OTHER_INSTALLATIONS = f"spark-{'0' * 16}-{'0' * 16}.jsa"  # an archive of another Java, Spark or machine
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``spark-dist jvm-archive --cache-dir D``: its output line and D."""
@@ -30,7 +34,7 @@ def built(tmp_path_factory):
     # Already there: this installation's archive from before an update of its files (its place is the same,
     # its files part is not), and another installation's. Empty files stand for them: names are all a build reads.
     place = _place(jvm_archive.archive_path(directory))
-    for name in (f"spark-{place}-{'0' * 16}.jsa", f"spark-{'0' * 8}-{'0' * 16}.jsa"):
+    for name in (f"spark-{place}-{'0' * 16}.jsa", OTHER_INSTALLATIONS):
         open(os.path.join(directory, name), "wb").close()
     result = spark_dist("jvm-archive", "--cache-dir", directory, timeout=420)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -43,7 +47,7 @@ def test_the_command_builds_it_and_prints_the_spark_defaults_line(built):
     assert line == f'spark.driver.extraJavaOptions -XX:SharedArchiveFile="{path}"'
     assert os.path.getsize(path) > 10 << 20  # thousands of classes, not an empty dump
     # The partial file was renamed, and the archive it replaces deleted; another installation's stays.
-    assert sorted(os.listdir(directory)) == sorted([os.path.basename(path), f"spark-{'0' * 8}-{'0' * 16}.jsa"])
+    assert sorted(os.listdir(directory)) == sorted([os.path.basename(path), OTHER_INSTALLATIONS])
 
 
 def test_a_second_build_reuses_the_archive(built):
@@ -132,6 +136,29 @@ def test_each_java_spark_and_class_path_get_their_own_archive(tmp_path, monkeypa
     seen.append(jvm_archive.archive_path(str(tmp_path)))
     assert len(set(seen)) == len(seen), seen
     assert _place(seen[-1]) != _place(seen[0])  # another class path: an archive beside the first, not after it
+    # Another Spark, another Java (as update-alternatives switches /usr/bin/java), another machine sharing the
+    # cache directory: each a place of its own, whose archive no build elsewhere deletes.
+    places = {_place(seen[-1])}
+    monkeypatch.setenv("SPARK_HOME", str(_fake_spark_home(tmp_path / "spark-next", ["a.jar", "b.jar"])))
+    places.add(_place(jvm_archive.archive_path(str(tmp_path))))
+    monkeypatch.setenv("JAVA_HOME", str(_fake_jdk(tmp_path / "jdk-next")))
+    places.add(_place(jvm_archive.archive_path(str(tmp_path))))
+    monkeypatch.setattr(socket, "gethostname", lambda: "another-host")
+    places.add(_place(jvm_archive.archive_path(str(tmp_path))))
+    assert len(places) == 4, places
+
+
+def test_a_build_deletes_only_the_archives_finished_before_it_began(tmp_path):
+    """Two builds of one place at once (an update between their starts): the one finishing last keeps the
+    other's archive, which may be built for the newer files."""
+    place = "1" * 16
+    older, newer, mine = (str(tmp_path / f"spark-{place}-{files * 16}.jsa") for files in "abc")
+    for path in (older, newer, mine):
+        open(path, "wb").close()
+    began = os.path.getmtime(newer) - 0.5  # the other build finished after this one began
+    os.utime(older, (began - 60, began - 60))
+    assert jvm_archive._remove_replaced(mine, began) == [older]
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (newer, mine))
 
 
 def _place(archive: str) -> str:
