@@ -197,6 +197,18 @@ def bench_fit(spark, fits, reuse=True):
             "held_out_accuracy": accuracies, "training_rows": "80% of 1,797 (randomSplit)"}
 
 
+def source_tree(module_file: str) -> str:
+    """The directory a ``spark_dist`` was imported from (the one holding the package)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(module_file)))
+
+
+def workers_spark_dist(spark) -> str:
+    """Where this session's Python workers import spark_dist from (the ranks start from them, in the same
+    directory, with the same PYTHONPATH): a ``python -m`` child puts its working directory before PYTHONPATH."""
+    return spark.sparkContext.parallelize([0], 1).map(
+        lambda _: source_tree(__import__("spark_dist").__file__)).collect()[0]
+
+
 def first_fits_in_fresh_sessions(sessions: int, master: str, with_archive: bool) -> dict:
     """The session's first fit is the one a user waits for most, and the noisiest (JVM warm-up, Python
     workers starting, torch imported in them): measure it in ``sessions`` fresh processes, each its own JVM,
@@ -306,7 +318,8 @@ def main(argv=None) -> int:
             print(json.dumps({"first_fit_seconds": fit["first_fit_seconds"],
                               "first_fit_accuracy": fit["first_fit_accuracy"],
                               "later_fits_median": fit["pipeline_median"],
-                              "code": os.path.dirname(os.path.dirname(os.path.abspath(spark_dist.__file__)))}))
+                              "code": source_tree(spark_dist.__file__),
+                              "workers_code": workers_spark_dist(spark)}))
             return 0
         transform = bench_transform(spark, args.rows, args.baseline_rows, args.repeat)
     finally:
