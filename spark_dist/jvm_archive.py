@@ -21,7 +21,7 @@ What a JVM checks before it maps an archive, and how this module keeps to it:
 - the same Java and the same class path as at the dump: each Java installation, set of Spark jars and class-path
   setting (``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR``, ``SPARK_DIST_CLASSPATH``) gets its own
   file, named by a digest of them, under ``$SPARK_DIST_CACHE/jvm`` (default ``~/.cache/spark_dist/jvm``; about
-  190 MB each; a new build deletes the one it replaces, built for the same paths before a JDK or pyspark
+  190 MB each; a new build deletes the one this machine built for the same paths before a JDK or pyspark
   update). A JVM whose class path grew in front (``spark.driver.extraClassPath``) prints a
   ``[warning][cds]`` line and runs without it.
 - no non-empty directory in front of the jars: Spark puts its conf directory (``SPARK_CONF_DIR``, default
@@ -55,6 +55,7 @@ logger = logging.getLogger(__name__)
 _MIN_JAVA = 13  # -XX:ArchiveClassesAtExit (dynamic archives) came with JDK 13
 _BUILD_TIMEOUT_S = 600
 _STALE_PARTIAL_S = 3600  # a partial file this old belongs to no running build
+_HOST_SUFFIX = ".host"  # beside each archive: the name of the machine that built it
 # What decides the driver's class path besides the jars and the conf directory (Spark's launcher,
 # AbstractCommandBuilder.buildClassPath).
 _CLASS_PATH_VARIABLES = ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH")
@@ -158,9 +159,9 @@ def conf_dir_in_the_way() -> Optional[str]:
 def archive_path(directory: Optional[str] = None) -> str:
     """The archive's file for this Java, these Spark jars and this class-path setting (it may not exist yet).
 
-    Named ``spark-<place>-<files>.jsa``. ``place`` is a digest of where the inputs are: this machine's name, the
-    Java installation's files (by path: one JDK behind a ``java`` that update-alternatives switches is not
-    another's), the jars directory, ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and
+    Named ``spark-<place>-<files>.jsa``. ``place`` is a digest of where the inputs are: the Java installation's
+    files (by path: one JDK behind a ``java`` that update-alternatives switches is not another's), the jars
+    directory, ``SPARK_CONF_DIR``, ``HADOOP_CONF_DIR``, ``YARN_CONF_DIR`` and
     ``SPARK_DIST_CLASSPATH``. ``files`` is a digest of what they hold: the Java installation's files and every
     jar, by path, size and time. A change of any gets a new file rather than an archive the JVM would refuse; a
     change of the files alone (a JDK or pyspark updated in place) leaves the place the same, which is how
@@ -170,9 +171,7 @@ def archive_path(directory: Optional[str] = None) -> str:
         ConfigError: no java (see :func:`java_binary`) or no Spark (see :func:`spark_jars`).
     """
     java_files, jars = _java_files(java_binary()), spark_jars()
-    # The machine's name too: a cache directory shared by several machines (an NFS home) holds each one's own,
-    # and a build on one never deletes another's.
-    place = hashlib.sha256(f"host={socket.gethostname()}\0jars={jars}\0".encode())
+    place = hashlib.sha256(f"jars={jars}\0".encode())
     for path in java_files:
         place.update(f"java={path}\0".encode())
     # The conf directory resolved: set or defaulted, it is the same path on the class path.
@@ -187,21 +186,36 @@ def archive_path(directory: Optional[str] = None) -> str:
     return os.path.join(os.path.abspath(directory or cache_dir()), name)
 
 
+def _built_on(archive: str) -> Optional[str]:
+    """The name of the machine that built ``archive`` (its ``.host`` file beside it), or ``None``."""
+    try:
+        with open(archive + _HOST_SUFFIX) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def _remove_replaced(path: str, started: float) -> List[str]:
     """Delete the archives that ``path``, whose build began at ``started`` (``time.time()``), replaces: those of
-    the same place (:func:`archive_path`) finished before that, built for files that have changed since, which
-    no JVM started from that place can map any more. Those of other machines, Java or Spark installations or
-    class-path settings stay, and so does one that another build finished meanwhile (for files newer than the
-    ones this build began with, maybe). A JVM on this machine still running with a deleted one keeps its mapping.
-    Returns the paths deleted; best effort (one that cannot be deleted is left, with a warning)."""
+    the same place (:func:`archive_path`) that this machine built and finished before that, for files that have
+    changed since, which no JVM started from that place can map any more.
+
+    Those of other Java or Spark installations or class-path settings stay. So does one that another build
+    finished meanwhile (maybe for files newer than the ones this build began with), and one built on another
+    machine: in a cache directory shared by several (an NFS home), the same paths may hold other files there, and
+    a JVM there may have it mapped (deleting a file mapped on another NFS client can crash that JVM; on this
+    machine a running JVM keeps its mapping). Returns the paths deleted; best effort (one that cannot be deleted
+    is left, with a warning)."""
     place = os.path.basename(path).split("-")[1]
+    here = socket.gethostname()
     removed = []
     for old in glob.glob(os.path.join(glob.escape(os.path.dirname(path)), f"spark-{place}-*.jsa")):
         try:
-            if old == path or os.path.getmtime(old) >= started:
+            if old == path or os.path.getmtime(old) >= started or _built_on(old) != here:
                 continue
             os.unlink(old)
             removed.append(old)
+            os.unlink(old + _HOST_SUFFIX)
         except OSError as exc:
             logger.warning("spark_dist: could not delete the replaced JVM class archive %s: %s", old, exc)
     return removed
@@ -271,7 +285,8 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     :class:`~spark_dist.ml.TorchEstimator` with 2 ranks; its transform): the classes such jobs load. It is
     written beside its final name and renamed once complete, so that no JVM maps half an archive and a failed
     build leaves nothing; the job ends itself if this process dies. Once built, it deletes the archive it
-    replaces: the one built for the same Java, Spark and class-path setting before their files changed.
+    replaces: the one this machine built for the same Java, Spark and class-path setting before their files
+    changed (a ``.host`` file beside each archive names the machine that built it).
 
     Raises:
         ConfigError: no java, one older than 13 (the message names ``JAVA_HOME``), no Spark, Spark's conf
@@ -311,6 +326,8 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
                                f"ends (to see all of it, run the job by hand: python -m spark_dist.jvm_archive "
                                f"/tmp/test.jsa):\n{_tail(output)}")
         os.replace(partial, path)
+        with open(path + _HOST_SUFFIX, "w") as f:
+            f.write(socket.gethostname() + "\n")
         _remove_replaced(path, started)
         return path
     except subprocess.TimeoutExpired:

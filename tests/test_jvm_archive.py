@@ -22,7 +22,16 @@ from spark_dist.errors import ConfigError
 from test_cli import run_command, spark_dist
 
 
-OTHER_INSTALLATIONS = f"spark-{'0' * 16}-{'0' * 16}.jsa"  # an archive of another Java, Spark or machine
+OTHER_INSTALLATIONS = f"spark-{'0' * 16}-{'0' * 16}.jsa"  # an archive of another Java, Spark or class path
+OTHER_MACHINES = "spark-{place}-" + "1" * 16 + ".jsa"  # this place's, built on another machine
+
+
+def _old_archive(path, host):
+    """An empty file standing for an archive ``host`` built a minute ago (its name and .host are all read)."""
+    for name, text in ((path, ""), (path + ".host", host + "\n")):
+        with open(name, "w") as f:
+            f.write(text)
+        os.utime(name, (os.path.getmtime(name) - 60,) * 2)
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +40,14 @@ def built(tmp_path_factory):
     # A space in the path: Spark splits Java options on spaces outside quotes.
     directory = str(tmp_path_factory.mktemp("jvm-archives") / "with space")
     os.makedirs(directory)
-    # Already there: this installation's archive from before an update of its files (its place is the same,
-    # its files part is not), and another installation's. Empty files stand for them: names are all a build reads.
+    # Already there, each an empty file with the machine that built it (a build reads no more of them):
+    # this installation's archive from before an update of its files (its place is the same, its files part is
+    # not), the same place's built on another machine sharing the directory, and another installation's.
     place = _place(jvm_archive.archive_path(directory))
-    for name in (f"spark-{place}-{'0' * 16}.jsa", OTHER_INSTALLATIONS):
-        open(os.path.join(directory, name), "wb").close()
+    for name, host in ((f"spark-{place}-{'0' * 16}.jsa", socket.gethostname()),
+                       (OTHER_MACHINES.format(place=place), "another-host"),
+                       (OTHER_INSTALLATIONS, socket.gethostname())):
+        _old_archive(os.path.join(directory, name), host)
     result = spark_dist("jvm-archive", "--cache-dir", directory, timeout=420)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout.strip(), directory
@@ -46,8 +58,12 @@ def test_the_command_builds_it_and_prints_the_spark_defaults_line(built):
     path = jvm_archive.archive_path(directory)
     assert line == f'spark.driver.extraJavaOptions -XX:SharedArchiveFile="{path}"'
     assert os.path.getsize(path) > 10 << 20  # thousands of classes, not an empty dump
-    # The partial file was renamed, and the archive it replaces deleted; another installation's stays.
-    assert sorted(os.listdir(directory)) == sorted([os.path.basename(path), OTHER_INSTALLATIONS])
+    # The partial file was renamed, and the archive it replaces deleted, with its .host file; another
+    # machine's and another installation's stay.
+    others = [OTHER_MACHINES.format(place=_place(path)), OTHER_INSTALLATIONS]
+    assert sorted(os.listdir(directory)) == sorted(
+        name + suffix for name in [os.path.basename(path), *others] for suffix in ("", ".host"))
+    assert open(path + ".host").read() == socket.gethostname() + "\n"
 
 
 def test_a_second_build_reuses_the_archive(built):
@@ -136,16 +152,14 @@ def test_each_java_spark_and_class_path_get_their_own_archive(tmp_path, monkeypa
     seen.append(jvm_archive.archive_path(str(tmp_path)))
     assert len(set(seen)) == len(seen), seen
     assert _place(seen[-1]) != _place(seen[0])  # another class path: an archive beside the first, not after it
-    # Another Spark, another Java (as update-alternatives switches /usr/bin/java), another machine sharing the
-    # cache directory: each a place of its own, whose archive no build elsewhere deletes.
+    # Another Spark, another Java (as update-alternatives switches /usr/bin/java): each a place of its own, whose
+    # archive no build of the other deletes.
     places = {_place(seen[-1])}
     monkeypatch.setenv("SPARK_HOME", str(_fake_spark_home(tmp_path / "spark-next", ["a.jar", "b.jar"])))
     places.add(_place(jvm_archive.archive_path(str(tmp_path))))
     monkeypatch.setenv("JAVA_HOME", str(_fake_jdk(tmp_path / "jdk-next")))
     places.add(_place(jvm_archive.archive_path(str(tmp_path))))
-    monkeypatch.setattr(socket, "gethostname", lambda: "another-host")
-    places.add(_place(jvm_archive.archive_path(str(tmp_path))))
-    assert len(places) == 4, places
+    assert len(places) == 3, places
 
 
 def test_a_build_deletes_only_the_archives_finished_before_it_began(tmp_path):
@@ -154,11 +168,12 @@ def test_a_build_deletes_only_the_archives_finished_before_it_began(tmp_path):
     place = "1" * 16
     older, newer, mine = (str(tmp_path / f"spark-{place}-{files * 16}.jsa") for files in "abc")
     for path in (older, newer, mine):
-        open(path, "wb").close()
-    began = os.path.getmtime(newer) - 0.5  # the other build finished after this one began
-    os.utime(older, (began - 60, began - 60))
+        _old_archive(path, socket.gethostname())
+    began = os.path.getmtime(older) + 30  # older finished before this build began, newer after
+    os.utime(newer, (began + 10,) * 2)
     assert jvm_archive._remove_replaced(mine, began) == [older]
-    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (newer, mine))
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) + suffix for p in (newer, mine)
+                                                  for suffix in ("", ".host"))
 
 
 def _place(archive: str) -> str:
