@@ -128,11 +128,11 @@ def main(argv=None) -> int:
               f"{later_median} | {min(result['accuracy'][which]):.3f}-{max(result['accuracy'][which]):.3f} |")
     print(f"\nthis code / {args.against}: **{result['ratio_of_medians']:.2f}x** (ratio of medians; per round "
           f"{', '.join(f'{r:.2f}' for r in result['round_ratios'])}). #17's goal, 6 s, is 0.72x of the 8.35 s "
-          f"the issue quotes, 0.84-0.87x of {args.against}'s own 7.13 s (3.5) and 6.91 s (4) that week. "
+          f"the issue quotes, 0.84-0.87x of {FILED_AT}'s own 7.13 s (3.5) and 6.91 s (4) that week. "
           f"A fresh `import torch` took {result['import_torch_seconds']:.2f} s.")
     if later:
         print(f"\nlater fits, this code / {args.against}: **{result['later_ratio_of_medians']:.2f}x** (#17's goal, "
-              f"3 s, against {args.against}'s own 2.98-3.21 s that week, is 0.93-1.0x).")
+              f"3 s, against {FILED_AT}'s own 2.98-3.21 s that week, is 0.93-1.0x).")
     if "now_archive" in runs:
         print(f"\nthis code with the JVM class archive / {args.against}: "
               f"**{result['archive_ratio_of_medians']:.2f}x**.")
