@@ -186,6 +186,11 @@ def archive_path(directory: Optional[str] = None) -> str:
     return os.path.join(os.path.abspath(directory or cache_dir()), name)
 
 
+def _place_of(archive: str) -> str:
+    """The place part of an archive's name (``spark-<place>-<files>.jsa``, :func:`archive_path`)."""
+    return os.path.basename(archive).split("-")[1]
+
+
 def _built_on(archive: str) -> Optional[str]:
     """The name of the machine that built ``archive`` (its ``.host`` file beside it), or ``None``."""
     try:
@@ -206,7 +211,7 @@ def _remove_replaced(path: str, started: float) -> List[str]:
     a JVM there may have it mapped (deleting a file mapped on another NFS client can crash that JVM; on this
     machine a running JVM keeps its mapping). Returns the paths deleted; best effort (one that cannot be deleted
     is left, with a warning)."""
-    place = os.path.basename(path).split("-")[1]
+    place = _place_of(path)
     here = socket.gethostname()
     removed = []
     for old in glob.glob(os.path.join(glob.escape(os.path.dirname(path)), f"spark-{place}-*.jsa")):

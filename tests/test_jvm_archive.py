@@ -43,7 +43,7 @@ def built(tmp_path_factory):
     # Already there, each an empty file with the machine that built it (a build reads no more of them):
     # this installation's archive from before an update of its files (its place is the same, its files part is
     # not), the same place's built on another machine sharing the directory, and another installation's.
-    place = _place(jvm_archive.archive_path(directory))
+    place = jvm_archive._place_of(jvm_archive.archive_path(directory))
     for name, host in ((f"spark-{place}-{'0' * 16}.jsa", socket.gethostname()),
                        (OTHER_MACHINES.format(place=place), "another-host"),
                        (OTHER_INSTALLATIONS, socket.gethostname())):
@@ -60,7 +60,7 @@ def test_the_command_builds_it_and_prints_the_spark_defaults_line(built):
     assert os.path.getsize(path) > 10 << 20  # thousands of classes, not an empty dump
     # The partial file was renamed, and the archive it replaces deleted, with its .host file; another
     # machine's and another installation's stay.
-    others = [OTHER_MACHINES.format(place=_place(path)), OTHER_INSTALLATIONS]
+    others = [OTHER_MACHINES.format(place=jvm_archive._place_of(path)), OTHER_INSTALLATIONS]
     assert sorted(os.listdir(directory)) == sorted(
         name + suffix for name in [os.path.basename(path), *others] for suffix in ("", ".host"))
     assert open(path + ".host").read() == socket.gethostname() + "\n"
@@ -147,18 +147,19 @@ def test_each_java_spark_and_class_path_get_their_own_archive(tmp_path, monkeypa
     (tmp_path / "jdk" / "lib" / "server" / "libjvm.so").write_bytes(b"\x7fELF the next build, longer")
     seen.append(jvm_archive.archive_path(str(tmp_path)))
     # Files changed at the same paths: the same place, which tells a build what its archive replaces.
-    assert {_place(path) for path in seen} == {_place(seen[0])}
+    assert {jvm_archive._place_of(path) for path in seen} == {jvm_archive._place_of(seen[0])}
     monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path / "hadoop-conf"))  # on the class path, after the jars
     seen.append(jvm_archive.archive_path(str(tmp_path)))
     assert len(set(seen)) == len(seen), seen
-    assert _place(seen[-1]) != _place(seen[0])  # another class path: an archive beside the first, not after it
+    # Another class path: an archive beside the first, not after it.
+    assert jvm_archive._place_of(seen[-1]) != jvm_archive._place_of(seen[0])
     # Another Spark, another Java (as update-alternatives switches /usr/bin/java): each a place of its own, whose
     # archive no build of the other deletes.
-    places = {_place(seen[-1])}
+    places = {jvm_archive._place_of(seen[-1])}
     monkeypatch.setenv("SPARK_HOME", str(_fake_spark_home(tmp_path / "spark-next", ["a.jar", "b.jar"])))
-    places.add(_place(jvm_archive.archive_path(str(tmp_path))))
+    places.add(jvm_archive._place_of(jvm_archive.archive_path(str(tmp_path))))
     monkeypatch.setenv("JAVA_HOME", str(_fake_jdk(tmp_path / "jdk-next")))
-    places.add(_place(jvm_archive.archive_path(str(tmp_path))))
+    places.add(jvm_archive._place_of(jvm_archive.archive_path(str(tmp_path))))
     assert len(places) == 3, places
 
 
@@ -174,11 +175,6 @@ def test_a_build_deletes_only_the_archives_finished_before_it_began(tmp_path):
     assert jvm_archive._remove_replaced(mine, began) == [older]
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) + suffix for p in (newer, mine)
                                                   for suffix in ("", ".host"))
-
-
-def _place(archive: str) -> str:
-    """The part of an archive's name that says which paths it was built for: spark-<place>-<files>.jsa."""
-    return os.path.basename(archive).split("-")[1]
 
 
 def test_spark_conf_files_in_front_of_the_jars_rule_the_archive_out(tmp_path, monkeypatch):
