@@ -123,7 +123,7 @@ def main(argv=None) -> int:
               "now": "this code", "now_archive": "this code, JVM class archive"}
     for which in kinds:
         label = labels[which]
-        later_median = f"{statistics.median(later[which]):.2f} s" if later else "-"
+        later_median = f"{result[f'{which}_later_median']:.2f} s" if later else "-"
         print(f"| {label} | {medians[which]:.2f} s | {', '.join(f'{s:.2f}' for s in seconds[which])} | "
               f"{later_median} | {min(result['accuracy'][which]):.3f}-{max(result['accuracy'][which]):.3f} |")
     print(f"\nthis code / {args.against}: **{result['ratio_of_medians']:.2f}x** (ratio of medians; per round "
