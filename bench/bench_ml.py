@@ -233,13 +233,12 @@ def ensure_jvm_archive() -> dict:
     from spark_dist import jvm_archive
     from spark_dist.errors import ConfigError
 
+    started, started_at = time.perf_counter(), time.time()
     try:
-        path = jvm_archive.archive_path()
-        built = not os.path.isfile(path)
-        started = time.perf_counter()
-        jvm_archive.build_archive()
+        path = jvm_archive.build_archive()
     except (ConfigError, RuntimeError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+    built = os.path.getmtime(path) >= started_at  # else it was there already
     return {"path_name": os.path.basename(path), "built_seconds": time.perf_counter() - started if built else None}
 
 

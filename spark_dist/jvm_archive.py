@@ -48,6 +48,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+from . import tempdirs
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ _MIN_JAVA = 13  # -XX:ArchiveClassesAtExit (dynamic archives) came with JDK 13
 _BUILD_TIMEOUT_S = 600
 _STALE_PARTIAL_S = 3600  # a partial file this old belongs to no running build
 _HOST_SUFFIX = ".host"  # beside each archive: the name of the machine that built it
+_SCRATCH_KIND = "jvm-archive"  # the build job's temp dir: a tempdirs directory of this kind, named after the caller
 # What decides the driver's class path besides the jars and the conf directory (Spark's launcher,
 # AbstractCommandBuilder.buildClassPath).
 _CLASS_PATH_VARIABLES = ("HADOOP_CONF_DIR", "YARN_CONF_DIR", "SPARK_DIST_CLASSPATH")
@@ -219,10 +221,15 @@ def _remove_replaced(path: str, started: float) -> List[str]:
             if old == path or os.path.getmtime(old) >= started or _built_on(old) != here:
                 continue
             os.unlink(old)
-            removed.append(old)
-            os.unlink(old + _HOST_SUFFIX)
         except OSError as exc:
             logger.warning("spark_dist: could not delete the replaced JVM class archive %s: %s", old, exc)
+            continue
+        removed.append(old)
+        try:
+            os.unlink(old + _HOST_SUFFIX)
+        except OSError as exc:
+            logger.warning("spark_dist: deleted the replaced JVM class archive %s, but not its %s file: %s", old,
+                           _HOST_SUFFIX, exc)
     return removed
 
 
@@ -245,9 +252,10 @@ def archive_option(path: str) -> str:
     return _java_option("SharedArchiveFile", path)
 
 
-def _java_option(name: str, path: str) -> str:
-    """``-XX:name=path``, quoted where the path has white space: Spark splits Java options on it."""
-    return f'-XX:{name}="{path}"' if re.search(r"\s", path) else f"-XX:{name}={path}"
+def _java_option(name: str, path: str, prefix: str = "-XX:") -> str:
+    """``-XX:name=path`` (or another ``prefix``), quoted where the path has white space: Spark splits Java
+    options on it."""
+    return f'{prefix}{name}="{path}"' if re.search(r"\s", path) else f"{prefix}{name}={path}"
 
 
 def decides_class_sharing(options: str) -> bool:
@@ -288,8 +296,10 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     The archive is dumped at the exit of a separate process that runs a small spark_dist job on ``local[2]``
     (a Parquet write and read with a shuffle; a pandas-made DataFrame through ``VectorAssembler`` and
     :class:`~spark_dist.ml.TorchEstimator` with 2 ranks; its transform): the classes such jobs load. It is
-    written beside its final name and renamed once complete, so that no JVM maps half an archive and a failed
-    build leaves nothing; the job ends itself if this process dies. Once built, it deletes the archive it
+    written beside its final name and renamed once complete, so that no JVM maps half an archive. Whatever else
+    the job writes (Spark's local directories, the JVM's and Python's temp files, its Parquet files) goes to a
+    temp directory of its own, removed however the job ends; so a failed or stopped build leaves nothing, and
+    the job ends itself, removing it, if this process dies. Once built, it deletes the archive it
     replaces: the one this machine built for the same Java, Spark and class-path setting before their files
     changed (a ``.host`` file beside each archive names the machine that built it).
 
@@ -320,10 +330,15 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED_SESSION_VARIABLES}
     env.update(SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
                PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    # The job's temp directory: a killed JVM leaves its local directories and native libraries behind.
+    scratch = tempdirs.make(_SCRATCH_KIND)  # also removes those of builds whose process died with their job
+    env.pop("SPARK_LOCAL_DIRS", None)  # it would take Spark's local directories elsewhere
+    env["TMPDIR"] = scratch
     # A process group of its own, so that a timeout or an interrupt ends the job's JVM with it: killed, the JVM
     # dumps nothing, where an orderly exit would write the partial file after its removal below.
-    job = subprocess.Popen([sys.executable, "-m", "spark_dist.jvm_archive", partial, str(os.getpid())], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job = subprocess.Popen([sys.executable, "-m", "spark_dist.jvm_archive", partial, str(os.getpid()), scratch],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
     try:
         output, _ = job.communicate(timeout=timeout)
         if job.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
@@ -343,6 +358,7 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
         if job.poll() is None:  # interrupted (Ctrl-C): end the group rather than leave a JVM behind
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
         if os.path.exists(partial):
             os.unlink(partial)
 
@@ -375,11 +391,11 @@ def _tail(output: str, lines: int = 30) -> str:
     return "\n".join(kept[-lines:]) or "(no output)"
 
 
-def _end_with_parent(parent: int) -> None:
+def _end_with_parent(parent: int, scratch: Optional[str]) -> None:
     """End this job and its JVM at once (SIGKILL to the process group: a killed JVM dumps nothing) when the
-    process that started it is gone, which then cannot: killed outright, its clean-up never ran. Only as
-    :func:`build_archive` starts it, leading a process group of its own with ``parent`` as its parent: run by
-    hand, the group would be the shell's."""
+    process that started it is gone, which then cannot: killed outright, its clean-up never ran. So this
+    removes the job's temp directory ``scratch`` too. Only as :func:`build_archive` starts it, leading a process
+    group of its own with ``parent`` as its parent: run by hand, the group would be the shell's."""
     if os.getpgrp() != os.getpid() or os.getppid() != parent:
         sys.exit(f"spark_dist.jvm_archive: started by {os.getppid()}, not by build_archive in {parent} as a "
                  f"process group of its own: run it by hand without the parent pid")
@@ -387,14 +403,42 @@ def _end_with_parent(parent: int) -> None:
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
+        if scratch is not None:  # this process ends with its group: one outside it removes what the group wrote
+            subprocess.Popen([sys.executable, "-c", _REMOVE_ONCE_GONE, str(os.getpgrp()), scratch],
+                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True, name="spark_dist-jvm-archive-parent").start()
 
 
-def _run_workload(dump_to: str) -> int:
+# python -c _REMOVE_ONCE_GONE PGID DIR: remove DIR once no process of the group is left (SIGKILL takes a moment;
+# zombies are not waited for), or after 30 s.
+_REMOVE_ONCE_GONE = """
+import os, shutil, sys, time
+import psutil
+group, path = int(sys.argv[1]), sys.argv[2]
+
+def left():
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except OSError:
+            pass
+    return False
+
+deadline = time.monotonic() + 30
+while left() and time.monotonic() < deadline:
+    time.sleep(0.1)
+shutil.rmtree(path, ignore_errors=True)
+"""
+
+
+def _run_workload(dump_to: str, scratch: Optional[str] = None) -> int:
     """The archive's job: its JVM dumps the classes it loaded to ``dump_to`` when it exits, so this waits for
-    that exit after the session stops; returns the JVM's exit code."""
+    that exit after the session stops; returns the JVM's exit code. ``scratch``: the JVM's temp directory (its
+    ``java.io.tmpdir``, and so Spark's local directories), as :func:`build_archive` gives it."""
     import warnings
 
     from pyspark import SparkContext
@@ -404,7 +448,8 @@ def _run_workload(dump_to: str) -> int:
     spark = (SparkSession.builder.master("local[2]").appName("spark_dist jvm archive")
              .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.extraJavaOptions", _java_option("ArchiveClassesAtExit", dump_to))
+             .config("spark.driver.extraJavaOptions", _java_option("ArchiveClassesAtExit", dump_to) + (
+                 " " + _java_option("java.io.tmpdir", scratch, prefix="-D") if scratch else ""))
              .getOrCreate())
     try:
         import pandas as pd
@@ -434,7 +479,8 @@ def _run_workload(dump_to: str) -> int:
     return gateway.proc.wait()
 
 
-if __name__ == "__main__":  # python -m spark_dist.jvm_archive FILE [PARENT_PID (build_archive's)]
+if __name__ == "__main__":  # python -m spark_dist.jvm_archive FILE [PARENT_PID TEMP_DIR] (build_archive's)
+    _scratch = sys.argv[3] if len(sys.argv) > 3 else None
     if len(sys.argv) > 2:
-        _end_with_parent(int(sys.argv[2]))
-    sys.exit(_run_workload(sys.argv[1]))
+        _end_with_parent(int(sys.argv[2]), _scratch)
+    sys.exit(_run_workload(sys.argv[1], _scratch))

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import psutil
@@ -270,18 +271,30 @@ def stuck_python_workers(tmp_path, monkeypatch):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_build_past_its_timeout_is_stopped_and_leaves_nothing(tmp_path, stuck_python_workers):
+@pytest.fixture
+def temp_dir(tmp_path, monkeypatch):
+    """The temp dir of this process and of the processes it starts, where the build's job makes its scratch
+    directory (a Parquet write)."""
+    path = tmp_path / "temp"
+    path.mkdir()
+    monkeypatch.setenv("TMPDIR", str(path))
+    monkeypatch.setattr(tempfile, "tempdir", str(path))  # tempfile has read TMPDIR already in this process
+    return path
+
+
+def test_a_build_past_its_timeout_is_stopped_and_leaves_nothing(tmp_path, stuck_python_workers, temp_dir):
     directory = tmp_path / "cache"
     with pytest.raises(RuntimeError, match="ran past 20 s and was stopped"):
         jvm_archive.build_archive(str(directory), timeout=20)
     assert os.listdir(directory) == []
+    assert os.listdir(temp_dir) == []  # the job's temp directory: Spark's local directories, its Parquet files
     # Neither the job's Python nor its JVM (killed, the JVM may take a moment to be gone).
     assert still_running_after(_processes_naming(str(directory)), 15) == []
     if stuck_python_workers.exists():  # the JVM got as far as its first Python worker: that went too
         assert still_running_after([int(stuck_python_workers.read_text())], 10) == []
 
 
-def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_workers):
+def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_workers, temp_dir):
     """The caller killed outright (SIGKILL: no clean-up runs) while the job's JVM is up: the job ends its
     process group (the JVM killed dumps no archive), so nothing keeps running and nothing is written."""
     directory = tmp_path / "cache"
@@ -294,6 +307,9 @@ def test_a_build_whose_caller_is_killed_ends_itself(tmp_path, stuck_python_worke
         caller.wait()
         assert still_running_after(_processes_naming(str(directory)) + [worker], 15) == []
         assert os.listdir(directory) == []
+        # Spark's local directories, the JVM's native libraries, the Parquet files, the estimator's cache:
+        # all in the job's temp directory, removed once the job's processes are gone.
+        _wait_for("the job's temp directory to be removed", lambda: os.listdir(temp_dir) == [], 15)
     finally:
         for pid in _processes_naming(str(directory)):  # only where the assertion above failed
             os.kill(pid, signal.SIGKILL)
