@@ -336,9 +336,13 @@ def build_archive(directory: Optional[str] = None, *, rebuild: bool = False,
     env["TMPDIR"] = scratch
     # A process group of its own, so that a timeout or an interrupt ends the job's JVM with it: killed, the JVM
     # dumps nothing, where an orderly exit would write the partial file after its removal below.
-    job = subprocess.Popen([sys.executable, "-m", "spark_dist.jvm_archive", partial, str(os.getpid()), scratch],
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+    try:
+        job = subprocess.Popen([sys.executable, "-m", "spark_dist.jvm_archive", partial, str(os.getpid()), scratch],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     try:
         output, _ = job.communicate(timeout=timeout)
         if job.returncode != 0 or not os.path.isfile(partial) or os.path.getsize(partial) == 0:
