@@ -129,8 +129,8 @@ def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, 
 
 
 def test_a_rank_decodes_each_row_group_once_and_holds_few_at_a_time(tmp_path, monkeypatch):
-    # Memory per rank is bounded by the window and the row groups decoded for it (plus one ahead), not by the
-    # dataset: 40 row groups of 50 rows, windows of ~100 rows.
+    # Memory per rank is bounded by the window and the row groups decoded for it (plus _DECODE_AHEAD ahead), not
+    # by the dataset: 40 row groups of 50 rows, windows of ~100 rows.
     import weakref
 
     from spark_dist.data import loader as loader_module
@@ -157,7 +157,8 @@ def test_a_rank_decodes_each_row_group_once_and_holds_few_at_a_time(tmp_path, mo
         time.sleep(0.002)  # a slow training step: the decode thread runs ahead as far as it may
     assert sorted(seen) == list(range(2000))
     assert sorted(decoded) == list(range(40))  # each row group decoded once in the epoch
-    assert most_held[0] <= 4  # a window spans at most 3 row groups here, and one more is decoded ahead
+    # A window spans at most 3 row groups here, and _DECODE_AHEAD more are decoded ahead (4: of 40).
+    assert most_held[0] <= 3 + loader_module._DECODE_AHEAD
 
 
 def test_a_read_error_reaches_the_training_loop(tmp_path):
