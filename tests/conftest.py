@@ -28,13 +28,24 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["SPARK_DIST_TEST_SESSION"] = uuid.uuid4().hex  # fresh even in a nested pytest
+# Every temp file of the run in a directory of its own, removed at the end: what JVMs killed on purpose leave
+# (their native libraries, Spark's local directories) and what torchrun leaves (a log directory per agent, one
+# per task of PySpark's TorchDistributor) would otherwise stay in the machine's temp dir after each run. Python
+# (TMPDIR) and every JVM (java.io.tmpdir) the suite starts use it. What must be shared with the other Spark
+# line's run, which runs at the same time (the two-host lock), and pytest's own tmp_path directories (kept for
+# a look after a failure, as pytest keeps them) stay in the machine's temp dir (SPARK_DIST_TEST_MACHINE_TMP).
+os.environ.setdefault("SPARK_DIST_TEST_MACHINE_TMP", tempfile.gettempdir())
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", os.environ["SPARK_DIST_TEST_MACHINE_TMP"])
+RUN_TEMP_DIR = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="spark_dist-test-tmp-")
+tempfile.tempdir = None  # read TMPDIR again
 # Every JVM the suite starts (drivers, spark-submit's launcher, masters, workers, executors, the Connect
 # server) lives for seconds to minutes and runs little hot code: the C2 compiler and the parallel GC's threads
 # cost more CPU than they save. With C1 only and the serial GC, a local session plus three small jobs took
 # 15.4 s of JVM CPU instead of 27.6 s on the Spark 4 line (12.0 s instead of 22.0 s on 3.5), and the
 # suite's two lines share two cores. Nothing the tests check depends on the JIT or the collector.
 os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-    p for p in [os.environ.get("JAVA_TOOL_OPTIONS", ""), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"] if p)
+    p for p in [os.environ.get("JAVA_TOOL_OPTIONS", ""), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                f"-Djava.io.tmpdir={RUN_TEMP_DIR}"] if p)
 # spark_dist's own cache (JVM class archives) in a directory of this run: `spark-dist run` in the tests must
 # not pick up an archive that a benchmark built in the user's cache. Removed at the end of the session.
 os.environ["SPARK_DIST_CACHE"] = tempfile.mkdtemp(prefix="spark_dist-test-cache-")
@@ -198,6 +209,7 @@ def _no_leaked_processes():
 
     tempdirs.sweep("rank")
     shutil.rmtree(os.environ["SPARK_DIST_CACHE"], ignore_errors=True)
+    shutil.rmtree(RUN_TEMP_DIR, ignore_errors=True)
     if leaks:
         msg = describe(leaks)
         for p in leaks:  # all of them were started by this session (descendant or marker)

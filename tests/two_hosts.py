@@ -77,7 +77,9 @@ class TwoHostCluster(StandaloneCluster):
     def start(self):
         # The namespaces, links and addresses have fixed names: a test run of the other Spark line (make test
         # runs both at once) waits here until this one has removed them. The kernel drops the lock if we die.
-        self._lock = open(os.path.join(tempfile.gettempdir(), "spark_dist-two-hosts.lock"), "w")
+        # The machine's temp dir, not this run's (conftest): the other line's run must see the same file.
+        self._lock = open(os.path.join(os.environ.get("SPARK_DIST_TEST_MACHINE_TMP", tempfile.gettempdir()),
+                                       "spark_dist-two-hosts.lock"), "w")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             _make_network()
