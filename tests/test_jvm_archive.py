@@ -273,8 +273,8 @@ def stuck_python_workers(tmp_path, monkeypatch):
 
 @pytest.fixture
 def temp_dir(tmp_path, monkeypatch):
-    """The temp dir of this process and of the processes it starts, where the build's job makes its scratch
-    directory (a Parquet write)."""
+    """The temp dir of this process and of the processes it starts, where a build makes its job's temp
+    directory."""
     path = tmp_path / "temp"
     path.mkdir()
     monkeypatch.setenv("TMPDIR", str(path))
