@@ -54,14 +54,20 @@ def spark_dist(*args, timeout=240, cwd=None) -> Result:
     return run_command([sys.executable, "-m", "spark_dist", *map(str, args)], timeout=timeout, cwd=cwd)
 
 
+def torch_aborted_a_rank(torchrun: Result) -> bool:
+    """Whether real torchrun's output says a rank aborted (SIGABRT), as torch's gloo teardown makes one do: by
+    torchrun's summary of the rank, or by the C++ runtime's own line where the rank's stderr got through."""
+    return any(sign in torchrun.stderr for sign in ("Signal 6 (SIGABRT) received by PID",
+                                                    "terminate called without an active exception"))
+
+
 def assert_only_aborted_on_the_way_out(torchrun: Result) -> None:
     """Real torchrun's run of a finished script may still fail: torch 2.13's gloo group, torn down at
     interpreter shutdown, can abort a rank (SIGABRT) after its last line ran (rare: none in 51 runs here,
     one in a CI run). That is torch's, not the script's, and spark_dist's ranks avoid it (they end with
     os._exit; spark_dist.teardown). Accept exactly that, with a warning, once the caller has checked that the
     training finished and rank 0's final snapshot is on disk; any other failure still fails the test."""
-    aborted = "Signal 6 (SIGABRT) received by PID" in torchrun.stderr
-    assert torchrun.returncode == 1 and aborted, torchrun.stderr[-3000:]
+    assert torchrun.returncode == 1 and torch_aborted_a_rank(torchrun), torchrun.stderr[-3000:]
     warnings.warn("real torchrun: a rank aborted (SIGABRT) after the training finished; torch's own teardown")
 
 
