@@ -10,7 +10,7 @@ import torch
 
 from clusters import free_port
 from spark_dist import Distributor, TorchDistributor, get_context
-from test_cli import BIN, SCRIPTS, run_command, torch_aborted_a_rank
+from test_cli import BIN, SCRIPTS, assert_only_aborted_on_the_way_out, run_command
 
 
 def run_captured(call):
@@ -170,17 +170,15 @@ def test_pytorch_examples_multinode_script_matches_real_torchrun(tmp_path):
     args = ["3", "1", "--batch_size", "64"]  # total_epochs, save_every: the snapshot after the last epoch
     env = {**os.environ, "SNAPSHOT_PATH": str(tmp_path / "torchrun.pt")}
 
-    def reference():
-        return run_command([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2",
+    torchrun = run_command([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2",
                             "--master_addr=127.0.0.1", f"--master_port={free_port()}", MULTINODE, *args],
                            cwd=tmp_path, env=env)
-
-    torchrun = reference()
-    if torchrun.returncode != 0 and torch_aborted_a_rank(torchrun):
-        # torch's own gloo teardown aborted a rank under plain torchrun (seen once on the 3.5 line, session 6):
-        # the reference is what spark_dist is compared with, not what is tested, so it gets one more run.
-        torchrun = reference()
-    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    if torchrun.returncode != 0:
+        # torch's own gloo teardown can abort a rank under plain torchrun once the script is done (seen once on
+        # the 3.5 line, session 6): accepted only that way, and only once the last epoch's snapshot is on disk.
+        assert os.path.exists(env["SNAPSHOT_PATH"]), torchrun.stderr[-3000:]
+        assert torch.load(env["SNAPSHOT_PATH"])["EPOCHS_RUN"] == 2, torchrun.stderr[-3000:]
+        assert_only_aborted_on_the_way_out(torchrun)
     env["SNAPSHOT_PATH"] = str(tmp_path / "spark_dist.pt")
     ours = run_command([sys.executable, "-m", "spark_dist", "run", "--master", "local[2]", "-n", "2",
                         MULTINODE, *args], cwd=tmp_path, env=env)
