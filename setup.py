@@ -7,6 +7,9 @@ setup(
     version="0.1.0",
     description="Distributed PyTorch training on Apache Spark (DDP or Horovod, Petastorm loaders)",
     packages=find_packages(include=["spark_dist", "spark_dist.*"]),
+    # PySpark's daemon importing the installed PySpark (spark.python.daemon.module): outside the package, so
+    # that the daemon does not import spark_dist (spark_dist_daemon.py says why).
+    py_modules=["spark_dist_daemon"],
     python_requires=">=3.9",
     # Lower bounds only: a pip install must never move the user's pyspark, numpy, pyarrow or pandas (both
     # Spark lines are supported). The tested pins of each line are in requirements/*.lock.

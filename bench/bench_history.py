@@ -11,8 +11,10 @@ one, in fresh processes taking turns, on the same machine in the same hour.
 temporary directory. Each fresh process runs ``bench_ml.py --first-fit-only``: the digits Pipeline's first fit
 of a ``local[2]`` session (2 ranks, after one warm-up job), then ``--later-fits`` more on other splits (their
 median), with ``--code`` naming the tree that its driver and its ranks import spark_dist from. A third kind of
-process runs this code with its JVM class archive (``spark-dist jvm-archive``, built first if missing;
-``--no-jvm-archive`` leaves it out). Each round runs the kinds in the next of their orders, so that no kind
+process runs this code with PySpark's daemon as ``spark_dist_daemon`` (``spark.python.daemon.module``: PySpark
+imported from its package, not Spark's zip), and a fourth with that and the JVM class archive (``spark-dist
+jvm-archive``, built first if missing; ``--no-jvm-archive`` leaves it out): what ``spark-dist run`` gives a local
+master. Each round runs the kinds in the next of their orders, so that no kind
 always goes first or after the same one. Every process runs in a scratch directory: Spark's Python workers
 and the ranks start there, and would otherwise import this repository's spark_dist before ``--code``'s. Each
 reports where its driver and its workers imported spark_dist from, and the bench checks both.
@@ -50,14 +52,14 @@ def unpack(revision: str, into: str) -> str:
     return commit
 
 
-def first_fit(code: str, later_fits: int, cwd: str, jvm_archive: bool = False) -> dict:
-    """One fresh process's first fit and median later fit, spark_dist imported from ``code`` (its driver JVM
-    started with the class archive where ``jvm_archive``), run in ``cwd``: Spark's Python workers and the
+def first_fit(code: str, later_fits: int, cwd: str, options=()) -> dict:
+    """One fresh process's first fit and median later fit, spark_dist imported from ``code`` (with ``options``
+    of bench_ml.py: ``--jvm-archive``, ``--python-daemon``), run in ``cwd``: Spark's Python workers and the
     ranks start as ``python -m`` children in the driver's working directory, which comes before PYTHONPATH on
     their path, so it must hold no spark_dist of its own."""
     out = subprocess.run([sys.executable, BENCH_ML, "--first-fit-only", "--code", code,
                           "--later-fits", str(later_fits)]
-                         + (["--jvm-archive"] if jvm_archive else []), check=True, capture_output=True,
+                         + list(options), check=True, capture_output=True,
                          text=True, cwd=cwd).stdout
     result = json.loads(out.strip().splitlines()[-1])
     for side in ("code", "workers_code"):  # the driver and the workers ran the code they were meant to
@@ -80,17 +82,18 @@ def main(argv=None) -> int:
     from bench_ml import ensure_jvm_archive, import_torch_seconds
 
     archive = None if args.no_jvm_archive else ensure_jvm_archive()
-    kinds = ["then", "now"] + (["now_archive"] if archive and "error" not in archive else [])
+    kinds = ["then", "now", "now_daemon"] + (["now_options"] if archive and "error" not in archive else [])
+    options = {"then": (), "now": (), "now_daemon": ("--python-daemon",),
+               "now_options": ("--python-daemon", "--jvm-archive")}
     runs = {which: [] for which in kinds}
     with tempfile.TemporaryDirectory(prefix="spark_dist-history-") as scratch:
         commit = unpack(args.against, scratch)
-        trees = {"then": os.path.join(scratch, "code"), "now": ROOT, "now_archive": ROOT}
+        trees = {which: os.path.join(scratch, "code") if which == "then" else ROOT for which in kinds}
         # Each round takes the next of the kinds' orders: no kind always first, nor always after the same one.
         orders = list(itertools.permutations(kinds))
         for round_ in range(args.rounds):
             for which in orders[round_ % len(orders)]:
-                runs[which].append(first_fit(trees[which], args.later_fits, scratch,
-                                             jvm_archive=which == "now_archive"))
+                runs[which].append(first_fit(trees[which], args.later_fits, scratch, options[which]))
     seconds = {which: [r["first_fit_seconds"] for r in rs] for which, rs in runs.items()}
     medians = {which: statistics.median(s) for which, s in seconds.items()}
     # Each process's median later fit; the median of those.
@@ -111,16 +114,17 @@ def main(argv=None) -> int:
         for which, fits in later.items():
             result.update({f"{which}_later_fits": fits, f"{which}_later_median": statistics.median(fits)})
         result["later_ratio_of_medians"] = result["now_later_median"] / result["then_later_median"]
-    if "now_archive" in runs:
-        result.update(now_archive_seconds=seconds["now_archive"], now_archive_median=medians["now_archive"],
-                      archive_ratio_of_medians=medians["now_archive"] / medians["then"])
+    for which in kinds[2:]:
+        result.update({f"{which}_seconds": seconds[which], f"{which}_median": medians[which],
+                       f"{which}_ratio_of_medians": medians[which] / medians["then"]})
     print(f"\n### the session's first fit (digits Pipeline, local[2]), {args.against} against this code, "
           f"{args.rounds} fresh processes of each kind, taking turns\n")
     print("| code | first fit, median | first fits | later fits, median of the processes' medians | "
           "held-out accuracy |")
     print("|---|---:|---|---:|---|")
     labels = {"then": f"{args.against} (when #17 was filed)" if args.against == FILED_AT else args.against,
-              "now": "this code", "now_archive": "this code, JVM class archive"}
+              "now": "this code", "now_daemon": "this code, spark_dist_daemon",
+              "now_options": "this code, spark_dist_daemon and JVM class archive (spark-dist run)"}
     for which in kinds:
         label = labels[which]
         later_median = f"{result[f'{which}_later_median']:.2f} s" if later else "-"
@@ -133,10 +137,9 @@ def main(argv=None) -> int:
     if later:
         print(f"\nlater fits, this code / {args.against}: **{result['later_ratio_of_medians']:.2f}x** (#17's goal, "
               f"3 s, against {FILED_AT}'s own 2.98-3.21 s that week, is 0.93-1.0x).")
-    if "now_archive" in runs:
-        print(f"\nthis code with the JVM class archive / {args.against}: "
-              f"**{result['archive_ratio_of_medians']:.2f}x**.")
-    elif archive:
+    for which in kinds[2:]:
+        print(f"\n{labels[which]} / {args.against}: **{result[f'{which}_ratio_of_medians']:.2f}x**.")
+    if archive and "error" in archive:
         print(f"\nno JVM class archive: {archive['error']}")
     if args.out:
         with open(args.out, "w") as f:

@@ -283,6 +283,8 @@ def main(argv=None) -> int:
                         help="time this session's first fit only and print it as JSON (used by the above)")
     parser.add_argument("--jvm-archive", action="store_true",
                         help="start this session's JVM with the class archive (used by the above)")
+    parser.add_argument("--python-daemon", action="store_true",
+                        help="run this session's PySpark daemon as spark_dist_daemon (used by bench_history.py)")
     parser.add_argument("--later-fits", type=int, default=0,
                         help="with --first-fit-only: time this many more Pipeline fits after it (median)")
     parser.add_argument("--code", help="with --first-fit-only: import spark_dist from this source tree, in the "
@@ -305,6 +307,8 @@ def main(argv=None) -> int:
         from spark_dist import jvm_archive
 
         builder = builder.config("spark.driver.extraJavaOptions", jvm_archive.driver_java_options())
+    if args.python_daemon:
+        builder = builder.config("spark.python.daemon.module", "spark_dist_daemon")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:

@@ -202,7 +202,8 @@ def read_properties(path: str) -> Dict[str, str]:
 def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     """The Spark conf for the session: properties file, then --conf, then --master (later wins), and the JVM
     class archive (:mod:`spark_dist.jvm_archive`) after your own driver Java options where one was built in
-    the default cache directory (and no ``spark.driver.extraClassPath`` is set).
+    the default cache directory (and no ``spark.driver.extraClassPath`` is set); on a local master, PySpark's
+    daemon as :mod:`spark_dist_daemon` (unless ``spark.python.daemon.module`` is given).
 
     Under spark-submit, only these explicit entries: defaults here would override spark-submit's own conf (and
     its JVM runs already).
@@ -227,6 +228,11 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits
     # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
     # on stdout at every start.
+    # A local master's Python daemon imports PySpark from the installed package, not Spark's zip (spark_dist_daemon:
+    # ~1 s of the first Python job). Only there: it runs on this machine, whose Python has spark_dist; a cluster's
+    # executors without it would fail to start any Python at all.
+    if conf.get("spark.master", "").startswith("local"):
+        conf.setdefault("spark.python.daemon.module", "spark_dist_daemon")
     if "spark.driver.extraClassPath" not in conf:
         from . import jvm_archive
 

@@ -84,7 +84,9 @@ def main(argv=None) -> int:
 
     spark = (SparkSession.builder.master(args.master).appName("spark_dist digits demo")
              .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.python.daemon.module", "spark_dist_daemon")  # PySpark without its zip: README
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         train_df, val_df = digits_frames(spark)

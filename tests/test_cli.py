@@ -270,8 +270,21 @@ def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monk
     args = parse_run("--properties-file", str(props), "--conf", "spark.executor.memory=3g",
                      "--master", "local[2]", TRAIN, "--master", "ignored")
     assert session_conf(args) == {"spark.master": "local[2]", "spark.executor.memory": "3g",
-                                  "spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
+                                  "spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
+                                  "spark.python.daemon.module": "spark_dist_daemon"}
     assert args.script_args == ["--master", "ignored"]
+
+
+def test_a_local_masters_python_daemon_imports_the_installed_pyspark_unless_you_chose_one():
+    """spark_dist_daemon on a local master only (tests/test_spark_dist_daemon.py runs it): a cluster's executors
+    may lack spark_dist, and then no Python of the session could start."""
+    from spark_dist.cli import session_conf
+
+    assert session_conf(parse_run("--master", "local[2]", TRAIN))["spark.python.daemon.module"] == "spark_dist_daemon"
+    mine = parse_run("--master", "local[2]", "--conf", "spark.python.daemon.module=my_daemon", TRAIN)
+    assert session_conf(mine)["spark.python.daemon.module"] == "my_daemon"
+    for cluster in (parse_run("--master", "spark://127.0.0.1:7077", TRAIN), parse_run(TRAIN)):
+        assert "spark.python.daemon.module" not in session_conf(cluster)
 
 
 def test_driver_host_follows_spark_local_ip_only_when_set(monkeypatch):
@@ -335,7 +348,8 @@ def test_conf_path_names_the_templates_and_the_wheel_ships_them(tmp_path):
     # Build the wheel from a copy of the sources (nothing is written into the checkout) and look inside.
     src = tmp_path / "src"
     src.mkdir()
-    shutil.copy(os.path.join(REPO, "setup.py"), src)
+    for file in ("setup.py", "spark_dist_daemon.py"):
+        shutil.copy(os.path.join(REPO, file), src)
     for folder in ("spark_dist", "conf"):
         shutil.copytree(os.path.join(REPO, folder), src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
@@ -343,6 +357,7 @@ def test_conf_path_names_the_templates_and_the_wheel_ships_them(tmp_path):
     names = zipfile.ZipFile(next((tmp_path / "dist").glob("spark_dist-*.whl"))).namelist()
     shipped = {n.rsplit("/", 1)[1] for n in names if "/share/spark_dist/conf/" in n}
     assert shipped == set(os.listdir(os.path.join(REPO, "conf")))
+    assert "spark_dist_daemon.py" in names  # a module of its own, beside the package (README)
 
 
 def test_layout_option_reaches_the_distributor():

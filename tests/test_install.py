@@ -35,7 +35,7 @@ def _build_wheel(tmp_path) -> str:
     """The wheel, built from a copy of the sources (so the checkout gets no build/ or egg-info)."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("setup.py", "spark_dist", "conf", "README.md"):
+    for name in ("setup.py", "spark_dist", "spark_dist_daemon.py", "conf", "README.md"):
         copy = shutil.copytree if os.path.isdir(os.path.join(REPO, name)) else shutil.copy
         copy(os.path.join(REPO, name), src / name)
     result = run_command([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
@@ -100,12 +100,20 @@ def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path, users_stack
     assert real.returncode == 0, real.stderr
     assert _versions(python) == before
 
+    # Run from a folder of the user's: Spark starts its Python workers (`python -m`) in the driver's working
+    # directory, which comes first on their path, and this checkout's would give them its spark_dist.
     smoke = run_command([python, os.path.join(REPO, "tests", "scripts", "install_smoke.py")], timeout=240,
-                        env=dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python,
-                                 PYTHONPATH=""))
+                        cwd=tmp_path, env=dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python,
+                                               PYTHONPATH=""))
     assert smoke.returncode == 0, smoke.stderr[-3000:]
     result = json.loads(smoke.stdout.strip().splitlines()[-1])
     assert result["spark_dist_file"].startswith(str(tmp_path / "user-venv"))  # the wheel, not the checkout
+    # The wheel's spark_dist_daemon ran the workers' daemon, on the installed PySpark rather than Spark's zip.
+    # The workers (and the ranks forked from them) ran the wheel's spark_dist, and the wheel's spark_dist_daemon
+    # started them, on the installed PySpark rather than Spark's zip of it.
+    for module in ("spark_dist", "daemon"):
+        assert result["workers"][module].startswith(str(tmp_path / "user-venv")), result["workers"]
+    assert ".zip" not in result["workers"]["pyspark"], result["workers"]
     assert result["versions"] == {"pyspark": before["pyspark"], "numpy": before["numpy"],
                                   "pyarrow": before["pyarrow"], "pandas": before["pandas"]}
     first, second = result["per_rank"]

@@ -25,6 +25,18 @@ def count_my_rows():
     return per_rank
 
 
+def workers_modules():
+    """Where a Python worker's daemon (the module it was forked from runs as ``__main__``), PySpark and spark_dist
+    came from."""
+    import sys
+
+    import pyspark
+
+    import spark_dist
+
+    return {"daemon": sys.modules["__main__"].__file__, "pyspark": pyspark.__file__, "spark_dist": spark_dist.__file__}
+
+
 def main():
     import numpy
     import pandas
@@ -35,16 +47,19 @@ def main():
     import spark_dist
     from spark_dist import Distributor
 
+    # PySpark's daemon as the wheel's spark_dist_daemon (README, "Faster Python workers").
     spark = (SparkSession.builder.master("local[2]").appName("install_smoke")
-             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+             .config("spark.python.daemon.module", "spark_dist_daemon").getOrCreate())
     try:
         df = spark.range(100).select(F.array(F.col("id").cast("float"), F.lit(1.0)).alias("x"),
                                      F.col("id").alias("label"))
         per_rank = Distributor(num_processes=2).run(count_my_rows, datasets={"train": df})
+        workers = spark.sparkContext.parallelize([0], 1).map(lambda _: workers_modules()).collect()[0]
     finally:
         spark.stop()
     print(json.dumps({"versions": {m.__name__: m.__version__ for m in (pyspark, numpy, pyarrow, pandas)},
-                      "spark_dist_file": spark_dist.__file__, "per_rank": per_rank}))
+                      "spark_dist_file": spark_dist.__file__, "per_rank": per_rank, "workers": workers}))
 
 
 if __name__ == "__main__":
