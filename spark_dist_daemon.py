@@ -4,7 +4,7 @@
 
 Spark starts each executor's Python daemon (which forks the Python workers) with ``$SPARK_HOME/python/lib/
 pyspark.zip`` and py4j's zip first on ``PYTHONPATH``. Python keeps no bytecode for modules it imports from a zip,
-so every daemon compiles PySpark from source before its first task: 1.0-1.3 s of a core on this project's
+so every daemon compiles PySpark from source before its first task: 1.2-1.7 s of a core on this project's
 machine on both Spark lines, against 0.36-0.47 s from the installed package (BENCHMARKS.md, Spark ML). In a
 fresh session that wait lies on the first Python job's path, a training run's included.
 

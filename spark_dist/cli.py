@@ -229,9 +229,9 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
     # on stdout at every start.
     # A local master's Python daemon imports PySpark from the installed package, not Spark's zip (spark_dist_daemon:
-    # ~1 s of the first Python job). Only there: it runs on this machine, whose Python has spark_dist; a cluster's
-    # executors without it would fail to start any Python at all.
-    if conf.get("spark.master", "").startswith("local"):
+    # ~1 s of the first Python job). Only where the workers run this interpreter, which imports it: a Python that
+    # could not (a cluster's executors, another environment) would start no Python task of the session at all.
+    if conf.get("spark.master", "").startswith("local") and _workers_run_this_python(conf):
         conf.setdefault("spark.python.daemon.module", "spark_dist_daemon")
     if "spark.driver.extraClassPath" not in conf:
         from . import jvm_archive
@@ -242,6 +242,17 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
         if java_options:
             conf["spark.driver.extraJavaOptions"] = java_options
     return conf
+
+
+def _workers_run_this_python(conf: Dict[str, str]) -> bool:
+    """Whether a local master's Python workers will run this interpreter (see :func:`get_session`), and it finds
+    spark_dist_daemon (an editable install made before the module existed does not)."""
+    import importlib.util
+
+    workers = os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python") or sys.executable
+    # Paths as given, not resolved: two virtual environments' pythons link to the same interpreter.
+    return (os.path.abspath(workers) == os.path.abspath(sys.executable)
+            and importlib.util.find_spec("spark_dist_daemon") is not None)
 
 
 def needs_session(args: argparse.Namespace) -> bool:

@@ -82,11 +82,12 @@ def main(argv=None) -> int:
 
     from spark_dist import Distributor
 
-    spark = (SparkSession.builder.master(args.master).appName("spark_dist digits demo")
-             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.python.daemon.module", "spark_dist_daemon")  # PySpark without its zip: README
-             .getOrCreate())
+    builder = (SparkSession.builder.master(args.master).appName("spark_dist digits demo")
+               .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if args.master.startswith("local"):  # the workers run this Python: PySpark without Spark's zip (README)
+        builder = builder.config("spark.python.daemon.module", "spark_dist_daemon")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         train_df, val_df = digits_frames(spark)

@@ -264,6 +264,7 @@ def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monk
     from spark_dist.cli import session_conf
 
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)  # the workers run this Python: spark_dist_daemon
     monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path / "cache"))  # no JVM class archive built there
     props = tmp_path / "p.conf"
     props.write_text("spark.master local[4]\nspark.executor.memory 2g\nspark.sql.shuffle.partitions 8\n")
@@ -275,16 +276,22 @@ def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monk
     assert args.script_args == ["--master", "ignored"]
 
 
-def test_a_local_masters_python_daemon_imports_the_installed_pyspark_unless_you_chose_one():
-    """spark_dist_daemon on a local master only (tests/test_spark_dist_daemon.py runs it): a cluster's executors
-    may lack spark_dist, and then no Python of the session could start."""
+def test_a_local_masters_python_daemon_imports_the_installed_pyspark_unless_you_chose_one(monkeypatch):
+    """spark_dist_daemon where the workers run this Python (tests/test_spark_dist_daemon.py runs it): a Python
+    that cannot import it (a cluster's executors, another environment) would start no Python task at all."""
     from spark_dist.cli import session_conf
 
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)  # a local master's workers then run this interpreter
     assert session_conf(parse_run("--master", "local[2]", TRAIN))["spark.python.daemon.module"] == "spark_dist_daemon"
     mine = parse_run("--master", "local[2]", "--conf", "spark.python.daemon.module=my_daemon", TRAIN)
     assert session_conf(mine)["spark.python.daemon.module"] == "my_daemon"
-    for cluster in (parse_run("--master", "spark://127.0.0.1:7077", TRAIN), parse_run(TRAIN)):
-        assert "spark.python.daemon.module" not in session_conf(cluster)
+    other_python = parse_run("--master", "local[2]", "--conf", "spark.pyspark.python=/opt/py/bin/python", TRAIN)
+    cluster = parse_run("--master", "spark://127.0.0.1:7077", TRAIN)
+    no_master = parse_run(TRAIN)  # Spark's default master, decided after this: left alone
+    for args in (other_python, cluster, no_master):
+        assert "spark.python.daemon.module" not in session_conf(args)
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/py/bin/python")
+    assert "spark.python.daemon.module" not in session_conf(parse_run("--master", "local[2]", TRAIN))
 
 
 def test_driver_host_follows_spark_local_ip_only_when_set(monkeypatch):

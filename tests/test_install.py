@@ -109,11 +109,13 @@ def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path, users_stack
     result = json.loads(smoke.stdout.strip().splitlines()[-1])
     assert result["spark_dist_file"].startswith(str(tmp_path / "user-venv"))  # the wheel, not the checkout
     # The wheel's spark_dist_daemon ran the workers' daemon, on the installed PySpark rather than Spark's zip.
-    # The workers (and the ranks forked from them) ran the wheel's spark_dist, and the wheel's spark_dist_daemon
-    # started them, on the installed PySpark rather than Spark's zip of it.
-    for module in ("spark_dist", "daemon"):
-        assert result["workers"][module].startswith(str(tmp_path / "user-venv")), result["workers"]
-    assert ".zip" not in result["workers"]["pyspark"], result["workers"]
+    # The workers (and the ranks forked from them) ran the wheel's spark_dist; the wheel's spark_dist_daemon forked
+    # them, on the installed PySpark rather than Spark's zip of it.
+    workers = result["workers"]
+    assert workers["spark_dist"].startswith(str(tmp_path / "user-venv")), workers
+    assert workers["daemon"] == str(tmp_path / "user-venv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+                                    / "site-packages" / "spark_dist_daemon.py"), workers
+    assert ".zip" not in workers["pyspark"], workers
     assert result["versions"] == {"pyspark": before["pyspark"], "numpy": before["numpy"],
                                   "pyarrow": before["pyarrow"], "pandas": before["pandas"]}
     first, second = result["per_rank"]

@@ -39,8 +39,22 @@ def _pip_layout(site, py4j_installed="0.10.9.9", py4j_zipped="0.10.9.9"):
 def test_the_zips_of_a_pip_installed_pyspark_are_dropped(tmp_path):
     site = tmp_path / "site-packages"
     pyspark_zip, py4j_zip = _pip_layout(site)
-    path = ["/work", pyspark_zip, py4j_zip, "/usr/lib/python3.11", str(site)]  # as Spark's PYTHONPATH orders them
+    work, stdlib = str(tmp_path / "work"), str(tmp_path / "stdlib")
+    path = [work, pyspark_zip, py4j_zip, stdlib, str(site)]  # as a daemon's sys.path orders them
     assert zips_of_installed_packages(path) == [pyspark_zip, py4j_zip]
+    # Through a symlink to the same site-packages (a linked environment), the zips are still the package's own.
+    os.symlink(site, tmp_path / "linked")
+    assert zips_of_installed_packages([pyspark_zip, py4j_zip, str(tmp_path / "linked")]) == [pyspark_zip, py4j_zip]
+
+
+def test_a_pyspark_that_would_shadow_the_installed_one_keeps_the_zips(tmp_path):
+    """A folder named pyspark earlier on the path (the working directory of a project) is what an import would
+    find without the zips, not the installed package: keep them."""
+    site = tmp_path / "site-packages"
+    pyspark_zip, py4j_zip = _pip_layout(site)
+    work = tmp_path / "work"
+    _package(work, "pyspark")
+    assert zips_of_installed_packages([str(work), pyspark_zip, py4j_zip, str(site)]) == []
 
 
 def test_py4j_stays_zipped_where_the_installed_py4j_is_another_version(tmp_path):
