@@ -225,14 +225,14 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
         conf["spark.driver.host"] = local_ip
     # One barrier stage runs the whole training: its progress bar would only garble the ranks' output.
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits
-    # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
-    # on stdout at every start.
     # A local master's Python daemon imports PySpark from the installed package, not Spark's zip (spark_dist_daemon:
     # ~1 s of the first Python job). Only where the workers run this interpreter, which imports it: a Python that
     # could not (a cluster's executors, another environment) would start no Python task of the session at all.
     if conf.get("spark.master", "").startswith("local") and _workers_run_this_python(conf):
         conf.setdefault("spark.python.daemon.module", "spark_dist_daemon")
+    # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits
+    # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
+    # on stdout at every start.
     if "spark.driver.extraClassPath" not in conf:
         from . import jvm_archive
 
@@ -244,14 +244,19 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     return conf
 
 
+def _local_workers_python(conf: Dict[str, str]) -> str:
+    """The Python a local master's workers run: ``PYSPARK_PYTHON``, else ``spark.pyspark.python``, else this
+    interpreter (with spark_dist and torch), where PySpark's default is whatever "python3" is first on PATH."""
+    return os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python", sys.executable)
+
+
 def _workers_run_this_python(conf: Dict[str, str]) -> bool:
-    """Whether a local master's Python workers will run this interpreter (see :func:`get_session`), and it finds
-    spark_dist_daemon (an editable install made before the module existed does not)."""
+    """Whether a local master's Python workers will run this interpreter, and it finds spark_dist_daemon (an
+    editable install made before the module existed does not)."""
     import importlib.util
 
-    workers = os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python") or sys.executable
     # Paths as given, not resolved: two virtual environments' pythons link to the same interpreter.
-    return (os.path.abspath(workers) == os.path.abspath(sys.executable)
+    return (os.path.abspath(_local_workers_python(conf)) == os.path.abspath(sys.executable)
             and importlib.util.find_spec("spark_dist_daemon") is not None)
 
 
@@ -265,11 +270,10 @@ def get_session(args: argparse.Namespace):
     from pyspark.sql import SparkSession
 
     conf = session_conf(args)
-    # A local master's Python workers run on this machine: this interpreter (with spark_dist and torch)
-    # is the right one, where PySpark's default is whatever "python3" is first on PATH. PySpark reads
-    # only the environment variable here (spark.pyspark.python is spark-submit's).
+    # A local master's Python workers run on this machine (_local_workers_python). PySpark reads only the
+    # environment variable here (spark.pyspark.python is spark-submit's).
     if conf.get("spark.master", "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
-        os.environ["PYSPARK_PYTHON"] = conf.get("spark.pyspark.python", sys.executable)
+        os.environ["PYSPARK_PYTHON"] = _local_workers_python(conf)
     builder = SparkSession.builder.appName(args.name or f"spark-dist: {os.path.basename(args.script)}")
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -108,7 +108,6 @@ def test_pip_install_keeps_the_users_spark_and_a_run_works(tmp_path, users_stack
     assert smoke.returncode == 0, smoke.stderr[-3000:]
     result = json.loads(smoke.stdout.strip().splitlines()[-1])
     assert result["spark_dist_file"].startswith(str(tmp_path / "user-venv"))  # the wheel, not the checkout
-    # The wheel's spark_dist_daemon ran the workers' daemon, on the installed PySpark rather than Spark's zip.
     # The workers (and the ranks forked from them) ran the wheel's spark_dist; the wheel's spark_dist_daemon forked
     # them, on the installed PySpark rather than Spark's zip of it.
     workers = result["workers"]

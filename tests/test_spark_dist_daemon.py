@@ -4,11 +4,13 @@ A session started with ``spark.python.daemon.module=spark_dist_daemon`` runs in 
 only in a SparkContext started with it, and this test process already holds one). The choice of what to drop is
 shown on folders laid out like a pip-installed PySpark and like a Spark distribution.
 """
+import json
 import os
 import sys
 import textwrap
 import zipfile
 
+import spark_dist_daemon
 from spark_dist_daemon import zips_of_installed_packages
 from test_cli import run_command
 
@@ -113,8 +115,6 @@ def test_a_session_with_it_runs_python_tasks_and_training_on_the_installed_pyspa
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     result = run_command([sys.executable, "-c", SESSION], timeout=240, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    import json
-
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["squares"] == [0, 1, 4, 9] and report["ranks"] == 3  # a Python UDF; 2 DDP ranks over gloo
     installed = os.path.dirname(pyspark.__file__)  # this process imports the package, not a zip
@@ -122,8 +122,6 @@ def test_a_session_with_it_runs_python_tasks_and_training_on_the_installed_pyspa
     py4j_zip = next(f for f in os.listdir(lib) if f.startswith("py4j-"))
     # py4j from the package only where it is the zip's version (not on the 3.5 line: 0.10.9.7 zipped).
     py4j_from_package = py4j_zip == f"py4j-{py4j.__version__}-src.zip"
-    import spark_dist_daemon
-
     for worker in report["seen"]:
         assert worker["daemon"] == spark_dist_daemon.__file__
         assert worker["pyspark"] == os.path.join(installed, "__init__.py")
