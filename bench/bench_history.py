@@ -10,11 +10,12 @@ one, in fresh processes taking turns, on the same machine in the same hour.
 ``--against`` (default ``eee1b36``, the code when #17 was filed) is unpacked with ``git archive`` into a
 temporary directory. Each fresh process runs ``bench_ml.py --first-fit-only``: the digits Pipeline's first fit
 of a ``local[2]`` session (2 ranks, after one warm-up job), then ``--later-fits`` more on other splits (their
-median), with ``--code`` naming the tree that its driver and its ranks import spark_dist from. A third kind of
-process runs this code with PySpark's daemon as ``spark_dist_daemon`` (``spark.python.daemon.module``: PySpark
-imported from its package, not Spark's zip), and a fourth with that and the JVM class archive (``spark-dist
-jvm-archive``, built first if missing; ``--no-jvm-archive`` leaves it out): what ``spark-dist run`` gives a local
-master. Each round runs the kinds in the next of their orders, so that no kind
+median), with ``--code`` naming the tree that its driver and its ranks import spark_dist from. This code's
+plain session (a user's own ``SparkSession.builder``) runs its Python workers under ``spark_dist_daemon`` (PySpark
+imported from its package, not Spark's zip), which its first fit chooses (``spark_dist.python_daemon``); the old
+code's, under PySpark's daemon: the bench checks both. A third kind of process runs this code with the session
+options ``spark-dist run`` gives a local master: the daemon named at the start and the JVM class archive
+(``spark-dist jvm-archive``, built first if missing; ``--no-jvm-archive`` leaves that kind out). Each round runs the kinds in the next of their orders, so that no kind
 always goes first or after the same one. Every process runs in a scratch directory: Spark's Python workers
 and the ranks start there, and would otherwise import this repository's spark_dist before ``--code``'s. Each
 reports where its driver and its workers imported spark_dist from, and the bench checks both.
@@ -52,11 +53,12 @@ def unpack(revision: str, into: str) -> str:
     return commit
 
 
-def first_fit(code: str, later_fits: int, cwd: str, options=()) -> dict:
+def first_fit(code: str, later_fits: int, cwd: str, options=(), daemon: str = "pyspark.daemon") -> dict:
     """One fresh process's first fit and median later fit, spark_dist imported from ``code`` (with ``options``
     of bench_ml.py: ``--jvm-archive``, ``--python-daemon``), run in ``cwd``: Spark's Python workers and the
     ranks start as ``python -m`` children in the driver's working directory, which comes before PYTHONPATH on
-    their path, so it must hold no spark_dist of its own."""
+    their path, so it must hold no spark_dist of its own. Raises where its driver or workers ran other code,
+    or its workers were forked by another ``daemon`` module."""
     out = subprocess.run([sys.executable, BENCH_ML, "--first-fit-only", "--code", code,
                           "--later-fits", str(later_fits)]
                          + list(options), check=True, capture_output=True,
@@ -65,6 +67,8 @@ def first_fit(code: str, later_fits: int, cwd: str, options=()) -> dict:
     for side in ("code", "workers_code"):  # the driver and the workers ran the code they were meant to
         if os.path.realpath(result[side]) != os.path.realpath(code):
             raise RuntimeError(f"the fit's {side} came from {result[side]}, not {code}")
+    if result["workers_daemon"] != daemon:
+        raise RuntimeError(f"the fit's Python workers were forked by {result['workers_daemon']}, not {daemon}")
     return result
 
 
@@ -82,9 +86,8 @@ def main(argv=None) -> int:
     from bench_ml import ensure_jvm_archive, import_torch_seconds
 
     archive = None if args.no_jvm_archive else ensure_jvm_archive()
-    kinds = ["then", "now", "now_daemon"] + (["now_options"] if archive and "error" not in archive else [])
-    options = {"then": (), "now": (), "now_daemon": ("--python-daemon",),
-               "now_options": ("--python-daemon", "--jvm-archive")}
+    kinds = ["then", "now"] + (["now_options"] if archive and "error" not in archive else [])
+    options = {"then": (), "now": (), "now_options": ("--python-daemon", "--jvm-archive")}
     runs = {which: [] for which in kinds}
     with tempfile.TemporaryDirectory(prefix="spark_dist-history-") as scratch:
         commit = unpack(args.against, scratch)
@@ -93,7 +96,8 @@ def main(argv=None) -> int:
         orders = list(itertools.permutations(kinds))
         for round_ in range(args.rounds):
             for which in orders[round_ % len(orders)]:
-                runs[which].append(first_fit(trees[which], args.later_fits, scratch, options[which]))
+                runs[which].append(first_fit(trees[which], args.later_fits, scratch, options[which],
+                                             daemon="pyspark.daemon" if which == "then" else "spark_dist_daemon"))
     seconds = {which: [r["first_fit_seconds"] for r in rs] for which, rs in runs.items()}
     medians = {which: statistics.median(s) for which, s in seconds.items()}
     # Each process's median later fit; the median of those.
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
           "held-out accuracy |")
     print("|---|---:|---|---:|---|")
     labels = {"then": f"{args.against} (when #17 was filed)" if args.against == FILED_AT else args.against,
-              "now": "this code", "now_daemon": "this code, spark_dist_daemon",
+              "now": "this code (a plain session: spark_dist_daemon from its first fit)",
               "now_options": "this code, spark_dist_daemon and JVM class archive (spark-dist run)"}
     for which in kinds:
         label = labels[which]

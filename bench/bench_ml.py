@@ -202,11 +202,13 @@ def source_tree(module_file: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(module_file)))
 
 
-def workers_spark_dist(spark) -> str:
+def workers_origins(spark) -> dict:
     """Where this session's Python workers import spark_dist from (the ranks start from them, in the same
-    directory, with the same PYTHONPATH): a ``python -m`` child puts its working directory before PYTHONPATH."""
+    directory, with the same PYTHONPATH: a ``python -m`` child puts its working directory before PYTHONPATH),
+    and the daemon module that forked them (``spark_dist_daemon`` or PySpark's ``pyspark.daemon``)."""
     return spark.sparkContext.parallelize([0], 1).map(
-        lambda _: source_tree(__import__("spark_dist").__file__)).collect()[0]
+        lambda _: {"workers_code": source_tree(__import__("spark_dist").__file__),
+                   "workers_daemon": sys.modules["__main__"].__spec__.name}).collect()[0]
 
 
 def first_fits_in_fresh_sessions(sessions: int, master: str, with_archive: bool) -> dict:
@@ -322,7 +324,7 @@ def main(argv=None) -> int:
                               "first_fit_accuracy": fit["first_fit_accuracy"],
                               "later_fits_median": fit["pipeline_median"],
                               "code": source_tree(spark_dist.__file__),
-                              "workers_code": workers_spark_dist(spark)}))
+                              **workers_origins(spark)}))
             return 0
         transform = bench_transform(spark, args.rows, args.baseline_rows, args.repeat)
     finally:

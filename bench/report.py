@@ -128,12 +128,9 @@ def main():
         out.append(table("The session's first fit against the code when #17 was filed (fresh processes taking "
                          "turns, the same hour)", [
             ("that code (median)", lambda d: f"{seconds(d['then_median'])} ({d['against']})"),
-            ("this code (median)", lambda d: seconds(d["now_median"])),
+            ("this code, a plain session (median)", lambda d: seconds(d["now_median"])),
             ("**this code / that code** (goal: 6 s of 8.35 s = 0.72x; of eee1b36's own 6.91-7.13 s, 0.84-0.87x)",
              lambda d: f"**{d['ratio_of_medians']:.2f}x**"),
-            ("this code with spark_dist_daemon (median); / that code",
-             lambda d: f"{seconds(d['now_daemon_median'])}; {d['now_daemon_ratio_of_medians']:.2f}x"
-             if "now_daemon_median" in d else "-"),
             ("this code with spark_dist_daemon and the JVM class archive, as `spark-dist run` (median); / that code",
              lambda d: f"{seconds(d['now_options_median'])}; {d['now_options_ratio_of_medians']:.2f}x"
              if "now_options_median" in d else "-"),

@@ -226,10 +226,12 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
     # One barrier stage runs the whole training: its progress bar would only garble the ranks' output.
     conf.setdefault("spark.ui.showConsoleProgress", "false")
     # A local master's Python daemon imports PySpark from the installed package, not Spark's zip (spark_dist_daemon:
-    # ~1 s of the first Python job). Only where the workers run this interpreter, which imports it: a Python that
-    # could not (a cluster's executors, another environment) would start no Python task of the session at all.
-    if conf.get("spark.master", "").startswith("local") and _workers_run_this_python(conf):
-        conf.setdefault("spark.python.daemon.module", "spark_dist_daemon")
+    # ~1 s of the first Python job), where the workers run this environment, which imports it (python_daemon).
+    from . import python_daemon
+
+    daemon = python_daemon.conf_default(conf, _local_workers_python(conf))
+    if daemon:
+        conf[python_daemon.KEY] = daemon
     # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits
     # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
     # on stdout at every start.
@@ -248,16 +250,6 @@ def _local_workers_python(conf: Dict[str, str]) -> str:
     """The Python a local master's workers run: ``PYSPARK_PYTHON``, else ``spark.pyspark.python``, else this
     interpreter (with spark_dist and torch), where PySpark's default is whatever "python3" is first on PATH."""
     return os.environ.get("PYSPARK_PYTHON") or conf.get("spark.pyspark.python", sys.executable)
-
-
-def _workers_run_this_python(conf: Dict[str, str]) -> bool:
-    """Whether a local master's Python workers will run this interpreter, and it finds spark_dist_daemon (an
-    editable install made before the module existed does not)."""
-    import importlib.util
-
-    # Paths as given, not resolved: two virtual environments' pythons link to the same interpreter.
-    return (os.path.abspath(_local_workers_python(conf)) == os.path.abspath(sys.executable)
-            and importlib.util.find_spec("spark_dist_daemon") is not None)
 
 
 def needs_session(args: argparse.Namespace) -> bool:

@@ -2,8 +2,9 @@
 
 PySpark has no public API for these (on either Spark line): the scheduler's concurrent-task count, the
 registered executors' hosts, a DataFrame's analyzed plan (to find the cache a user's own Petastorm converter
-made of it) and Hadoop's
-FileSystem (to list and move files in any scheme Spark itself writes). The handles used (``sc._jsc``,
+made of it), Hadoop's FileSystem (to list and move files in any scheme Spark itself writes), the JVM's child
+processes (has a Python daemon started?) and the running context's own conf (to choose the daemon of a local
+session before it starts: :mod:`spark_dist.python_daemon`). The handles used (``sc._jsc``,
 ``sc._jvm``, ``df._jdf``) are the same on Spark 3.5 and 4.x; keeping them here makes them easy to check
 when a Spark line moves, and marks what a session without a JVM (Spark Connect) must do otherwise.
 """
@@ -68,3 +69,20 @@ def read_bytes(sc, path: str) -> bytes:
         return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
     finally:
         stream.close()
+
+
+def python_workers_started(sc) -> bool:
+    """Whether the driver's JVM has a Python daemon or worker running: a child process run as ``python -m
+    <module>``, as Spark starts both (a spark-submit driver runs a script). ``True`` where a child's command
+    line cannot be read."""
+    for child in sc._jvm.java.lang.ProcessHandle.current().children().toArray():
+        arguments = child.info().arguments()
+        if not arguments.isPresent() or "-m" in list(arguments.get()):
+            return True
+    return False
+
+
+def set_context_conf(sc, key: str, value: str) -> None:
+    """Set ``key`` in the running SparkContext's own conf (``sc.getConf()`` is a copy), which Spark's driver and,
+    on a local master, its executors read at use. Only for keys Spark reads at use, not at start."""
+    sc._jsc.sc().conf().set(key, value)

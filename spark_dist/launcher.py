@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from . import output, session, tracking
+from . import output, python_daemon, session, tracking
 from .backends import get_backend
 from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
 from .pickling import by_value
@@ -115,6 +115,8 @@ class Distributor:
         if not config.local_mode and spark is None:
             raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
         self._wait_for_slots(config, spark)
+        if not config.local_mode:  # before the run's first Python task starts the session's daemon
+            python_daemon.use_in_session(spark)
         handles = {}
         if datasets:
             handles = _prepared(spark, datasets, config.num_processes)

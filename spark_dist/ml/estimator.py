@@ -7,6 +7,7 @@ from typing import Any, Dict
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
+from .. import python_daemon
 from ..errors import ConfigError
 from ..tracking import Tracker
 from . import inputs
@@ -151,6 +152,7 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
                 raise ConfigError(f"validationCol {validation_col!r} is also a feature or the label")
         get_backend(backend).check_available()  # Horovod not installed: say so before any job
         inputs.check_slots(spark, self.getNumProcesses(), self.getUseGpu())
+        python_daemon.use_in_session(spark)  # before the fit's first job (a Python UDF in the input would start it)
 
         # The model meets the feature width before any job when the schema tells the width.
         outputs = inputs.model_outputs(module, features.width) if features.width else None
