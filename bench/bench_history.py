@@ -68,7 +68,8 @@ def first_fit(code: str, later_fits: int, cwd: str, options=(), daemon: str = "p
         if os.path.realpath(result[side]) != os.path.realpath(code):
             raise RuntimeError(f"the fit's {side} came from {result[side]}, not {code}")
     if result["workers_daemon"] != daemon:
-        raise RuntimeError(f"the fit's Python workers were forked by {result['workers_daemon']}, not {daemon}")
+        raise RuntimeError(f"the fit's Python workers were forked by {result['workers_daemon']}, not {daemon} "
+                           f"(code {code}, options {' '.join(options) or 'none'})")
     return result
 
 

@@ -80,13 +80,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from spark_dist import Distributor
+    from spark_dist import Distributor, python_daemon
 
     builder = (SparkSession.builder.master(args.master).appName("spark_dist digits demo")
                .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false"))
-    if args.master.startswith("local"):  # the workers run this Python: PySpark without Spark's zip (README)
-        builder = builder.config("spark.python.daemon.module", "spark_dist_daemon")
+    # PySpark without Spark's zip where the workers run this Python (README, "Faster Python workers").
+    daemon = python_daemon.conf_default({"spark.master": args.master}, os.environ["PYSPARK_PYTHON"])
+    if daemon:
+        builder = builder.config(python_daemon.KEY, daemon)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:

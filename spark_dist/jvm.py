@@ -72,12 +72,13 @@ def read_bytes(sc, path: str) -> bytes:
 
 
 def python_workers_started(sc) -> bool:
-    """Whether the driver's JVM has a Python daemon or worker running: a child process run as ``python -m
-    <module>``, as Spark starts both (a spark-submit driver runs a script). ``True`` where a child's command
-    line cannot be read."""
+    """Whether the driver's JVM has a Python daemon or worker running: a child process run with ``-m <module>``,
+    as Spark starts both. A spark-submit driver (a script) does not count, unless its own arguments hold
+    ``-m``: a false "started", the safe side. A child whose command line cannot be read (one exiting: Hadoop's
+    shell commands come and go) does not count either. Java 9 or later (``ProcessHandle``)."""
     for child in sc._jvm.java.lang.ProcessHandle.current().children().toArray():
         arguments = child.info().arguments()
-        if not arguments.isPresent() or "-m" in list(arguments.get()):
+        if arguments.isPresent() and "-m" in list(arguments.get()):
             return True
     return False
 

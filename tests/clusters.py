@@ -287,6 +287,9 @@ class SparkManager:
         conf = dict(TEST_CONF)
         if kind == LOCAL:
             conf["spark.master"] = "local[2]"
+            # Named, as `spark-dist run` names it: else the first test that trains would choose it for every later
+            # test (spark_dist.python_daemon), whichever test that is.
+            conf["spark.python.daemon.module"] = "spark_dist_daemon"
         elif kind == LOCAL_CLUSTER:
             conf.update({
                 "spark.master": "local-cluster[2,1,1024]",

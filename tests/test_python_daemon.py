@@ -3,7 +3,7 @@
 A session spark_dist starts names spark_dist_daemon in its conf (``conf_default``); a local session you started
 yourself gets it at its first run or fit, where no Python worker has started yet (``use_in_session``). The sessions
 whose daemon is chosen run in a subprocess: a daemon is chosen once per SparkContext, and this process's shared
-session has started its Python workers long since.
+local session names its daemon in its conf (tests/clusters.py).
 """
 import json
 import os
@@ -11,15 +11,17 @@ import sys
 import textwrap
 
 from spark_dist import jvm, python_daemon
-from spark_dist.python_daemon import KEY, MODULE, conf_default, runs_this_environment
+from spark_dist.python_daemon import KEY, MODULE, WorkersStart, conf_default, runs_this_environment
 from test_cli import run_command
 
 
-def test_the_workers_run_this_environment_by_path_or_by_name_on_path(monkeypatch):
-    assert runs_this_environment(sys.executable)
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable))  # as Spark finds PySpark's default "python3"
-    assert runs_this_environment(os.path.basename(sys.executable))
-    assert not runs_this_environment("no-such-python")
+def test_the_workers_run_this_environment_by_path_or_by_name_on_path(tmp_path):
+    here = WorkersStart.of_this_process({})
+    assert runs_this_environment(sys.executable, here)
+    # As Spark finds PySpark's default "python3": on the JVM's PATH, started in its working directory.
+    on_path = here._replace(path=os.path.dirname(sys.executable), cwd=str(tmp_path))
+    assert runs_this_environment(os.path.basename(sys.executable), on_path)
+    assert not runs_this_environment("no-such-python", on_path)
 
 
 def test_the_same_interpreter_linked_from_another_environment_is_another_environment(tmp_path):
@@ -27,8 +29,15 @@ def test_the_same_interpreter_linked_from_another_environment_is_another_environ
     other = tmp_path / "bin" / "python"
     other.parent.mkdir()
     other.symlink_to(os.path.realpath(sys.executable))
-    assert not runs_this_environment(str(other))
-    assert not runs_this_environment(str(tmp_path / "bin" / "missing"))
+    here = WorkersStart.of_this_process({})
+    assert not runs_this_environment(str(other), here)
+    assert not runs_this_environment(str(tmp_path / "bin" / "missing"), here)
+
+
+def test_the_workers_start_with_spark_s_pythonpath_then_the_inherited_one(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/inherited")
+    start = WorkersStart.of_this_process({"spark.executorEnv.PYTHONPATH": "/executor"})
+    assert start.pythonpath == os.pathsep.join(["/executor", "/inherited"]) and start.cwd == os.getcwd()
 
 
 def test_the_default_for_a_session_about_to_start():
@@ -47,8 +56,20 @@ def test_a_session_that_ran_a_python_task_has_its_workers_started(spark_local):
     assert jvm.python_workers_started(spark_local.sparkContext)
 
 
+def test_a_choice_that_cannot_be_made_leaves_the_session_and_the_run_alone(spark_local, monkeypatch):
+    """A JVM before Java 9 has no ProcessHandle: the run goes on with the session's daemon as it was."""
+    def no_process_handle(sc):
+        raise TypeError("'JavaPackage' object is not callable")
+
+    monkeypatch.setattr(python_daemon, "_decided_for", set())  # the shared session counts as not yet decided
+    monkeypatch.setattr(python_daemon, "conf_default", lambda conf, python, start=None: MODULE)
+    monkeypatch.setattr(jvm, "python_workers_started", no_process_handle)
+    assert python_daemon.use_in_session(spark_local) is False
+
+
 def test_a_spark_connect_session_is_left_as_it_is(spark_connect):
     assert not python_daemon.use_in_session(spark_connect)
+    assert spark_connect.conf.get(KEY, None) is None
 
 
 SESSIONS = textwrap.dedent("""
@@ -73,13 +94,14 @@ SESSIONS = textwrap.dedent("""
         spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
         sc = spark.sparkContext
+        started_at_start = jvm.python_workers_started(sc)
         before = sc.parallelize(range(2), 2).mapPartitions(origins).collect() if python_first else []
         total = Distributor(num_processes=2).run(ranks)
         squares = [r[0] for r in spark.range(4).select(udf(lambda x: x * x, "long")("id")).collect()]
         after = sc.parallelize(range(2), 2).mapPartitions(origins).collect()
-        daemons = [list(c.info().arguments().get()) for c in
-                   sc._jvm.java.lang.ProcessHandle.current().children().toArray()]
-        report = {"ranks": total, "squares": squares, "before": before, "after": after,
+        children = [c.info().arguments() for c in sc._jvm.java.lang.ProcessHandle.current().children().toArray()]
+        daemons = [list(a.get()) for a in children if a.isPresent()]  # not one exiting at this moment
+        report = {"started_at_start": started_at_start, "ranks": total, "squares": squares, "before": before, "after": after,
                   "key": sc._jsc.sc().conf().get("spark.python.daemon.module", None), "daemons": daemons}
         spark.stop()
         for _ in range(100):  # the stopped context's daemon exits (SIGTERM): the next session starts without one
@@ -98,7 +120,9 @@ def test_a_plain_local_sessions_first_run_moves_its_daemon_to_the_installed_pysp
     keeps PySpark's daemon: no second daemon starts beside it."""
     import pyspark
 
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    # PySpark's default workers' Python: "python3" on PATH, here this environment's.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env.update(SPARK_LOCAL_IP="127.0.0.1", PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]))
     result = run_command([sys.executable, "-c", SESSIONS], timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -106,6 +130,7 @@ def test_a_plain_local_sessions_first_run_moves_its_daemon_to_the_installed_pysp
     fresh, python_first = report["fresh"], report["python_first"]
     for seen in (fresh, python_first):
         assert seen["ranks"] == [0, 1] and seen["squares"] == [0, 1, 4, 9]  # 2 ranks over gloo; a Python UDF
+    assert fresh["started_at_start"] is False and python_first["started_at_start"] is False
     assert fresh["key"] == MODULE
     assert [w["daemon"] for w in fresh["after"]] == [MODULE, MODULE]
     assert [w["pyspark"] for w in fresh["after"]] == [installed, installed]
