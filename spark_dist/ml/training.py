@@ -115,6 +115,10 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
         dist.init_process_group("nccl" if spec.use_gpu else "gloo")
         model = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if spec.use_gpu else None)
+        if not spec.use_gpu:  # small buckets in one round, not gloo's all-reduce's two (gradients.py)
+            from spark_dist.ml.gradients import average_small_buckets_by_all_gather
+
+            model.register_comm_hook(None, average_small_buckets_by_all_gather)
         optimizer = make_optimizer(objects["optimizer"], model.parameters(), spec.learning_rate)
 
     def sum_over_ranks(values: List[float]) -> List[float]:
