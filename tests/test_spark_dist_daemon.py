@@ -1,18 +1,16 @@
 """spark_dist_daemon: PySpark's daemon, importing the installed PySpark instead of Spark's zip of it.
 
-A session started with ``spark.python.daemon.module=spark_dist_daemon`` runs in a subprocess (the conf takes effect
-only in a SparkContext started with it, and this test process already holds one). The choice of what to drop is
-shown on folders laid out like a pip-installed PySpark and like a Spark distribution.
+The suite's shared local session runs with ``spark.python.daemon.module=spark_dist_daemon``; the ranks of every
+test on it start from its workers (tests/test_python_daemon.py shows a session of yours getting it at its first
+run). The choice of what to drop is shown on folders laid out like a pip-installed PySpark and like a Spark
+distribution.
 """
-import json
 import os
 import sys
-import textwrap
 import zipfile
 
 import spark_dist_daemon
 from spark_dist_daemon import zips_of_installed_packages
-from test_cli import run_command
 
 
 def _package(root, name, files=()):
@@ -78,51 +76,30 @@ def test_a_spark_distributions_zips_are_kept(tmp_path):
     assert zips_of_installed_packages([str(site)]) == []
 
 
-SESSION = textwrap.dedent("""
-    import json, os, sys
-    from pyspark.sql import SparkSession
-    from pyspark.sql.functions import udf
-    from spark_dist import Distributor
-
-    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.python.daemon.module", "spark_dist_daemon").getOrCreate())
-
-    def origins(_):
-        import py4j, pyspark
-        yield {"pyspark": pyspark.__file__, "py4j": py4j.__file__, "zips": [p for p in sys.path if "pyspark" in p],
-               "daemon": sys.modules["__main__"].__file__}  # the worker was forked from it
-
-    def ranks():
-        import torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        total = torch.tensor([dist.get_rank() + 1])
-        dist.all_reduce(total)
-        dist.destroy_process_group()
-        return int(total)
-
-    seen = spark.sparkContext.parallelize(range(2), 2).mapPartitions(origins).collect()
-    squares = [r[0] for r in spark.range(4).select(udf(lambda x: x * x, "long")("id")).collect()]
-    print(json.dumps({"seen": seen, "squares": squares, "ranks": Distributor(num_processes=2).run(ranks)}))
-    spark.stop()
-""")
-
-
-def test_a_session_with_it_runs_python_tasks_and_training_on_the_installed_pyspark(tmp_path):
+def _origins(_):
     import py4j
     import pyspark
+    yield {"pyspark": pyspark.__file__, "py4j": py4j.__file__, "zips": [p for p in sys.path if "pyspark" in p],
+           "daemon": sys.modules["__main__"].__file__}  # the worker was forked from it
 
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    result = run_command([sys.executable, "-c", SESSION], timeout=240, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["squares"] == [0, 1, 4, 9] and report["ranks"] == 3  # a Python UDF; 2 DDP ranks over gloo
+
+def test_a_session_with_it_runs_python_tasks_on_the_installed_pyspark(spark_local):
+    """The suite's local session names it in its conf, as ``spark-dist run`` does (tests/clusters.py): every test
+    on it runs its Python tasks and ranks under it."""
+    import py4j
+    import pyspark
+    from pyspark.sql.functions import udf
+
+    assert spark_local.sparkContext.getConf().get("spark.python.daemon.module") == "spark_dist_daemon"
+    seen = spark_local.sparkContext.parallelize(range(2), 2).mapPartitions(_origins).collect()
+    squares = [r[0] for r in spark_local.range(4).select(udf(lambda x: x * x, "long")("id")).collect()]
+    assert squares == [0, 1, 4, 9]  # a Python UDF
     installed = os.path.dirname(pyspark.__file__)  # this process imports the package, not a zip
     lib = os.path.join(installed, "python", "lib")
     py4j_zip = next(f for f in os.listdir(lib) if f.startswith("py4j-"))
     # py4j from the package only where it is the zip's version (not on the 3.5 line: 0.10.9.7 zipped).
     py4j_from_package = py4j_zip == f"py4j-{py4j.__version__}-src.zip"
-    for worker in report["seen"]:
+    for worker in seen:
         assert worker["daemon"] == spark_dist_daemon.__file__
         assert worker["pyspark"] == os.path.join(installed, "__init__.py")
         assert os.path.join(lib, "pyspark.zip") not in worker["zips"]
