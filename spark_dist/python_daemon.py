@@ -117,8 +117,9 @@ def use_in_session(spark) -> bool:
     _decided_for.add(sc.applicationId)
     try:
         conf = session.conf_snapshot(spark)
-        if (conf_default(conf, sc.pythonExec, WorkersStart.of_context(sc, conf)) is None
-                or jvm.python_workers_started(sc)):
+        # The JVM's children first: a few py4j calls, where conf_default's probe starts a Python.
+        if (jvm.python_workers_started(sc)
+                or conf_default(conf, sc.pythonExec, WorkersStart.of_context(sc, conf)) is None):
             return False
         session.set_context_conf(spark, KEY, MODULE)
     except Exception as exc:  # a choice of speed only: never a reason to fail the run
