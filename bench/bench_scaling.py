@@ -3,7 +3,7 @@
     python bench/bench_scaling.py [--sizes 500000,1000000,2000000,5000000,8000000] [--repeat 1] [--out FILE] [--plot FILE.png]
 
 Data: for each size, ``rows`` rows of a 32-float array column ``features`` and a long ``label`` (bench_data's
-dataset without its vector column: 136 bytes a row), on ``local[2]``, ``.cache()``d and counted first so that
+"issue" dataset: 136 bytes a row), on ``local[2]``, ``.cache()``d and counted first so that
 generating it is not timed. Then, for each size:
 
   (a) cache write: ``prepare_datasets(spark, {name: df}, 1)`` (spark_dist's Petastorm cache: uncompressed,
@@ -44,21 +44,11 @@ ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, BENCH)
 
-from bench_data import BATCH, read_ours, read_pyarrow  # noqa: E402 -- after the path is set
+from bench_data import BATCH, build_dataset, read_ours, read_pyarrow  # noqa: E402 -- after the path is set
 
 MIB = 1 << 20
 SERIES = (("write", "cache write (prepare_datasets)"), ("plain", "plain df.write.parquet"),
           ("loader", "make_loader epoch"), ("ceiling", "pyarrow ceiling"))
-
-
-def build_dataset(spark, rows: int):
-    """bench_data's dataset without its vector column: a 32-float array ``features`` and a long ``label``."""
-    from pyspark.sql import functions as F
-
-    return spark.range(rows).select(
-        F.array(*[F.rand(i).cast("float") for i in range(32)]).alias("features"),
-        (F.col("id") % 10).alias("label"),
-    )
 
 
 def spark_line() -> str:
@@ -160,7 +150,7 @@ def measure_size(spark, rows: int, repeat: int, scratch: str) -> dict:
     from spark_dist.data import clear_cache, prepare_datasets
     from spark_dist.data.handle import local_path
 
-    df = build_dataset(spark, rows).cache()
+    df = build_dataset(spark, rows, wide=False).cache()
     try:
         df.count()  # materialises the cache: generating the rows is not timed
         r = {"rows": rows}
