@@ -448,7 +448,8 @@ class _Attempt:
                 n = self.config.num_tasks
                 rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
                     functools.partial(run_barrier_partition, self.spec))
-                self.records.extend(rdd.collect())
+                # The UDFs' workers: the model's pandas_udf after a fit finds this run's (torch imported).
+                self.records.extend(session.collect_in_udf_workers(self.spark, rdd))
         except BaseException as exc:  # a lost executor, a cancelled job: reported as the run's failure
             self.job_error.append(exc)
         finally:

@@ -138,9 +138,51 @@ def executor_hosts(spark) -> Optional[List[str]]:
 def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[Any]:
     """Run ``fn(task_index)`` in ``tasks`` Spark tasks (one small job, not barrier); its lists, joined."""
     if not is_connect(spark):
-        return spark.sparkContext.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
-            lambda index, _: fn(index)).collect()
+        return collect_in_udf_workers(spark, spark.sparkContext.parallelize(range(tasks), tasks)
+                                      .mapPartitionsWithIndex(lambda index, _: fn(index)))
     return records_of(spark.range(0, tasks, 1, tasks).mapInArrow(_arrow_task(fn), RECORDS_SCHEMA).collect())
+
+
+# What SQL's Python runners (pandas_udf, mapInArrow, ...) add to their workers' environment from the session's
+# SQL conf, where it is true: (conf key, its default, the variable set to "1", the first Spark major version that
+# has it). RDD jobs add none of them (BasePythonRunner.compute). Spark keeps one Python daemon and one pool of
+# idle workers per environment, so without them a training run's workers (torch imported) never serve the
+# model's pandas_udf after a fit, which starts a second daemon and imports torch again in workers of its own (the
+# digits Pipeline's first evaluation after a first fit: 6.5-6.9 s, 4.2-5.4 s in the run's workers; BENCHMARKS.md),
+# and a run never reuses the workers of a user's UDFs.
+_SQL_WORKER_ENV = (
+    ("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true", "SPARK_SIMPLIFIED_TRACEBACK", 3),
+    ("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "false", "SPARK_HIDE_TRACEBACK", 4),
+    ("spark.sql.execution.pyspark.udf.tracebackWithLocals.enabled", "false", "SPARK_TRACEBACK_WITH_LOCALS", 4),
+)
+
+
+def udf_workers_env(spark) -> Dict[str, str]:
+    """The variables SQL's Python runners add to their workers' environment in this classic session (a key
+    that this Spark line does not know adds nothing, whatever its value)."""
+    import pyspark
+
+    major = int(pyspark.__version__.split(".")[0])
+    return {variable: "1" for key, default, variable, since in _SQL_WORKER_ENV
+            if major >= since and str(spark.conf.get(key, default)).strip().lower() == "true"}
+
+
+def collect_in_udf_workers(spark, rdd) -> List[Any]:
+    """``rdd.collect()`` for a Python RDD of this classic session, its tasks run by the Python workers that the
+    session's SQL UDFs use: its Python function is made with :func:`udf_workers_env` added to the
+    SparkContext's ``environment`` (which PySpark copies into each Python function as it makes it), so Spark
+    keys its workers as it keys theirs. The only visible change in the workers: PySpark shortens the tracebacks
+    of exceptions the RDD's function raises, as it does for UDFs."""
+    sc = spark.sparkContext
+    extra = udf_workers_env(spark)
+    own = sc.environment
+    if extra and any(own.get(k) != v for k, v in extra.items()):
+        sc.environment = {**own, **extra}
+        try:
+            rdd._jrdd  # noqa: B018 -- PipelinedRDD makes its JVM Python function, with the environment, here
+        finally:
+            sc.environment = own
+    return rdd.collect()
 
 
 def _arrow_task(fn: Callable[[int], List[Any]]):

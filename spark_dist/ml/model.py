@@ -5,6 +5,7 @@ module once (kept in a small module-level cache keyed by the weights' digest, so
 transforms skip even that) and runs one forward pass per chunk of rows, never per row.
 """
 import hashlib
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Optional
@@ -53,12 +54,24 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
         if module is not None:
             _MODULES.move_to_end(cache_key)
             return module
+    _no_background_imports()
     module = loads(payload).to(device).eval()
     with _MODULES_LOCK:
         _MODULES[cache_key] = module
         while len(_MODULES) > _MODULES_KEPT:
             _MODULES.popitem(last=False)
     return module
+
+
+def _no_background_imports() -> None:
+    """Wait for the warm-up imports of a worker that served a training run (training runs share the UDFs'
+    workers, :func:`spark_dist.session.collect_in_udf_workers`): unpickling a model imports its classes'
+    modules, and two threads importing at once can deadlock on modules that import each other. Waiting also
+    keeps later fits fast: without it, in a first transform right after a first fit, the next fit took 4.4-4.9 s
+    against 2.6-3.3 s (BENCHMARKS.md)."""
+    worker = sys.modules.get("spark_dist.worker")
+    if worker is not None:
+        worker._warmed()
 
 
 def output_kind(loss, outputs: int) -> str:
