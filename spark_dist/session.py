@@ -12,6 +12,7 @@ session when none is given, and a process may hold both kinds at once (a test su
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from . import jvm
@@ -144,44 +145,53 @@ def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[
 
 
 # What SQL's Python runners (pandas_udf, mapInArrow, ...) add to their workers' environment from the session's
-# SQL conf, where it is true: (conf key, its default, the variable set to "1", the first Spark major version that
-# has it). RDD jobs add none of them (BasePythonRunner.compute). Spark keeps one Python daemon and one pool of
+# SQL conf, where it is true: (conf key, its default, the variable set to "1", the first PySpark version that has
+# the key). RDD jobs add none of them (BasePythonRunner.compute). Spark keeps one Python daemon and one pool of
 # idle workers per environment, so without them a training run's workers (torch imported) never serve the
 # model's pandas_udf after a fit, which starts a second daemon and imports torch again in workers of its own (the
-# digits Pipeline's first evaluation after a first fit: 6.5-6.9 s, 4.2-5.4 s in the run's workers; BENCHMARKS.md),
+# digits Pipeline's first evaluation after a first fit: 6.6-6.9 s, 5.1-5.4 s in the run's workers; BENCHMARKS.md),
 # and a run never reuses the workers of a user's UDFs.
 _SQL_WORKER_ENV = (
-    ("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true", "SPARK_SIMPLIFIED_TRACEBACK", 3),
-    ("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "false", "SPARK_HIDE_TRACEBACK", 4),
-    ("spark.sql.execution.pyspark.udf.tracebackWithLocals.enabled", "false", "SPARK_TRACEBACK_WITH_LOCALS", 4),
+    ("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true", "SPARK_SIMPLIFIED_TRACEBACK", (3, 0)),
+    ("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "false", "SPARK_HIDE_TRACEBACK", (4, 0)),
+    ("spark.sql.execution.pyspark.udf.tracebackWithLocals.enabled", "false", "SPARK_TRACEBACK_WITH_LOCALS", (4, 3)),
 )
+# The one a run's workers may take: the others would cut spark_dist's own tracebacks to their last line, or put
+# every frame's locals (a run's payloads) into its error messages.
+_SHAREABLE_WORKER_ENV = {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
+_environment_swap = threading.Lock()
 
 
 def udf_workers_env(spark) -> Dict[str, str]:
     """The variables SQL's Python runners add to their workers' environment in this classic session (a key
-    that this Spark line does not know adds nothing, whatever its value)."""
+    that this PySpark does not know adds nothing, whatever its value)."""
     import pyspark
 
-    major = int(pyspark.__version__.split(".")[0])
+    version = tuple(int(part) for part in re.findall(r"\d+", pyspark.__version__)[:2])
     return {variable: "1" for key, default, variable, since in _SQL_WORKER_ENV
-            if major >= since and str(spark.conf.get(key, default)).strip().lower() == "true"}
+            if version >= since and str(spark.conf.get(key, default)).strip().lower() == "true"}
 
 
 def collect_in_udf_workers(spark, rdd) -> List[Any]:
     """``rdd.collect()`` for a Python RDD of this classic session, its tasks run by the Python workers that the
     session's SQL UDFs use: its Python function is made with :func:`udf_workers_env` added to the
     SparkContext's ``environment`` (which PySpark copies into each Python function as it makes it), so Spark
-    keys its workers as it keys theirs. The only visible change in the workers: PySpark shortens the tracebacks
-    of exceptions the RDD's function raises, as it does for UDFs."""
+    keys its workers as it keys theirs. Where that environment is PySpark's default (``SPARK_SIMPLIFIED_TRACEBACK``
+    alone), that is; with the hideTraceback or tracebackWithLocals SQL conf set, the RDD keeps workers of its own.
+    The change the workers show: PySpark shortens the traceback of an exception that escapes the RDD's function
+    and drops its ``__cause__``, as it does for UDFs."""
     sc = spark.sparkContext
     extra = udf_workers_env(spark)
-    own = sc.environment
-    if extra and any(own.get(k) != v for k, v in extra.items()):
-        sc.environment = {**own, **extra}
-        try:
-            rdd._jrdd  # noqa: B018 -- PipelinedRDD makes its JVM Python function, with the environment, here
-        finally:
-            sc.environment = own
+    if extra == _SHAREABLE_WORKER_ENV:
+        with _environment_swap:  # another run's swap in between would restore the wrong dict
+            own = sc.environment
+            if any(own.get(k) != v for k, v in extra.items()):
+                swapped = sc.environment = {**own, **extra}
+                try:
+                    rdd._jrdd  # noqa: B018 -- PipelinedRDD makes its JVM Python function (a copy of the env) here
+                finally:
+                    if sc.environment is swapped:
+                        sc.environment = own
     return rdd.collect()
 
 

@@ -353,10 +353,13 @@ class SparkManager:
         _wait_for(f"{n} executors", lambda: jsc.getExecutorMemoryStatus().size() - 1 >= n, timeout)
 
     def _warm_up(self):
-        """One barrier task per slot: each executor starts its Python daemon now, not in a test."""
+        """One barrier task per slot: each executor starts its Python daemon now, not in a test; the daemon
+        that runs and UDFs use (spark_dist.session.collect_in_udf_workers), not a plain RDD job's."""
+        from spark_dist.session import collect_in_udf_workers
+
         n = max(2, N_EXECUTORS[self.kind]) * (2 if self.kind == SHARED_EXECUTORS else 1)
         sc = self.spark.sparkContext
-        sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: [sum(it)]).collect()
+        collect_in_udf_workers(self.spark, sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: [sum(it)]))
 
     def stop(self):
         """Stop our session, and any SparkContext a test made itself (getOrCreate would reuse it)."""

@@ -5,7 +5,7 @@ import os
 import pyspark
 import pytest
 
-from spark_dist.session import is_connect, slots_from_conf, udf_workers_env
+from spark_dist.session import is_connect, run_on_executors, slots_from_conf, udf_workers_env
 
 SPARK_4 = int(pyspark.__version__.split(".")[0]) >= 4
 
@@ -77,3 +77,23 @@ def test_the_udf_workers_environment_follows_the_sql_conf(spark_local):
         assert udf_workers_env(spark_local) == expected
     finally:
         spark_local.conf.unset(hide)
+
+
+def _workers_variables(spark):
+    """The traceback variables of the Python workers that run a small spark_dist job (run_on_executors)."""
+    return set(run_on_executors(spark, 2, lambda _: [k for k in os.environ if k.startswith("SPARK_")
+                                                     and k.endswith("TRACEBACK")]))
+
+
+def test_spark_dists_jobs_take_the_udf_workers_environment_only_where_it_hides_nothing(spark_local):
+    environment = dict(spark_local.sparkContext.environment)
+    assert _workers_variables(spark_local) == {"SPARK_SIMPLIFIED_TRACEBACK"}
+    # With the whole traceback hidden from UDF errors, spark_dist's own jobs keep workers of their own, with
+    # full tracebacks (Spark 4; 3.5 has no such key, and the default applies).
+    hide = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
+    spark_local.conf.set(hide, "true")
+    try:
+        assert _workers_variables(spark_local) == (set() if SPARK_4 else {"SPARK_SIMPLIFIED_TRACEBACK"})
+    finally:
+        spark_local.conf.unset(hide)
+    assert spark_local.sparkContext.environment == environment

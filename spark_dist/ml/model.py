@@ -65,10 +65,10 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
 
 def _no_background_imports() -> None:
     """Wait for the warm-up imports of a worker that served a training run (training runs share the UDFs'
-    workers, :func:`spark_dist.session.collect_in_udf_workers`): unpickling a model imports its classes'
-    modules, and two threads importing at once can deadlock on modules that import each other. Waiting also
-    keeps later fits fast: without it, in a first transform right after a first fit, the next fit took 4.4-4.9 s
-    against 2.6-3.3 s (BENCHMARKS.md)."""
+    workers, :func:`spark_dist.session.collect_in_udf_workers`) before unpickling a model, which imports its
+    classes' modules: two threads importing at once can deadlock on modules that import each other. Waiting
+    also kept later fits fast: without it, after a first transform right after a first fit, the next fit took
+    4.4-4.9 s against 2.6-3.3 s (BENCHMARKS.md)."""
     worker = sys.modules.get("spark_dist.worker")
     if worker is not None:
         worker._warmed()
