@@ -20,6 +20,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 SPARK_HOME = os.path.dirname(os.path.abspath(pyspark.__file__))
+SPARK_4 = int(pyspark.__version__.split(".")[0]) >= 4  # the Spark line these tests run on
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOCAL, LOCAL_CLUSTER, STANDALONE, TWO_HOSTS = "local", "local_cluster", "standalone", "two_hosts"
 SHARED_EXECUTORS = "shared_executors"  # local-cluster, two executors of two cores: ranks share an executor

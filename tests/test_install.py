@@ -15,11 +15,11 @@ import sysconfig
 
 import pytest
 
+from clusters import SPARK_4
 from test_cli import run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_STACK = ("pyspark", "numpy", "pyarrow", "pandas")
-SPARK_4 = int(__import__("pyspark").__version__.split(".")[0]) >= 4
 # The oldest stack of the Spark 4 line we support (the line's lock file pins the newest): installed into
 # the user's venv over the line's packages.
 OLDEST_SPARK_4 = ("pyspark==4.0.5", "pyarrow==18.1.0", "numpy==2.0.2", "pandas==2.2.3")

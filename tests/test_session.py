@@ -2,12 +2,10 @@
 which Python workers a classic session's runs use."""
 import os
 
-import pyspark
 import pytest
 
+from clusters import SPARK_4
 from spark_dist.session import is_connect, run_on_executors, slots_from_conf, udf_workers_env
-
-SPARK_4 = int(pyspark.__version__.split(".")[0]) >= 4
 
 CLUSTER = {"spark.master": "spark://h:7077", "spark.executor.instances": "2", "spark.executor.cores": "8"}
 
