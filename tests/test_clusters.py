@@ -1,7 +1,5 @@
 """The Spark set-ups of conftest.py work as promised."""
 import os
-import subprocess
-import sys
 
 from pyspark import BarrierTaskContext, SparkContext
 
@@ -75,21 +73,3 @@ def test_standalone_barrier_on_two_executors(spark_standalone, standalone_cluste
     assert len({me["executor"] for me, _ in out}) == 2
     assert sorted(me["jvm"] for me, _ in out) == sorted(standalone_cluster.executor_pids())
 
-
-def test_standalone_cluster_takes_spark_submit(standalone_cluster, tmp_path):
-    """Without spark_standalone the cluster's cores are free for an app submitted by the test."""
-    app = tmp_path / "app.py"
-    app.write_text(
-        "from pyspark.sql import SparkSession\n"
-        "s = SparkSession.builder.getOrCreate()\n"
-        "print('RESULT', s.sparkContext.parallelize(range(10), 2).sum())\n"
-        "s.stop()\n"
-    )
-    res = subprocess.run(
-        [standalone_cluster.spark_submit, "--master", standalone_cluster.master_url,
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
-         "--conf", f"spark.pyspark.python={sys.executable}", str(app)],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "RESULT 45" in res.stdout
