@@ -2,11 +2,11 @@
 where forking is unsafe spawns a fresh interpreter instead."""
 import os
 import sys
-import time
 
 import pytest
 import torch
 
+from clusters import _wait_for
 from spark_dist import Distributor, worker
 
 
@@ -84,9 +84,8 @@ def test_a_fork_lifts_the_warm_up_off_the_lowest_priority_before_waiting_for_it(
     # Wait until the import is under way (at the lowest priority): on a busy machine the thread may not have
     # started within a fixed sleep (0.2 s failed once, with both lines' suites on 2 cores), and a fork arriving
     # first rightly keeps the warm-up at the caller's priority, which is not what this test is about.
-    deadline = time.monotonic() + 30
-    while not hasattr(sys.modules.get("slow_warm_module"), "STARTED_AT") and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for("the warm-up's import to start", lambda: hasattr(sys.modules.get("slow_warm_module"), "STARTED_AT"),
+              30, interval=0.01)
     worker._warmed()
     module = sys.modules.pop("slow_warm_module")
     assert (module.STARTED_AT, module.ENDED_AT) == (19, os.getpriority(os.PRIO_PROCESS, 0))
