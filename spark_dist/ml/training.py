@@ -57,11 +57,19 @@ def make_loss(loss):
     return compute
 
 
-def make_optimizer(optimizer, parameters, lr: float):
+def make_optimizer(optimizer, parameters, lr: float, on_cpu: bool = False):
+    """The optimizer a name or callable gives; ``on_cpu``: a named one from spark_dist.ml.optimizers (torch.optim's
+    arithmetic, without importing torch._dynamo) where it serves the parameters."""
     import torch
 
     if callable(optimizer):
         return optimizer(parameters, lr)
+    parameters = list(parameters)
+    if on_cpu:
+        from spark_dist.ml import optimizers
+
+        if optimizers.serves(parameters):
+            return optimizers.BY_NAME[optimizer](parameters, lr)
     cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optimizer]
     return cls(parameters, lr=lr)
 
@@ -94,6 +102,7 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
     import torch.distributed as dist
 
     from spark_dist import get_context
+    from spark_dist.ml.gradients import GatheredReplicas, average_small_buckets_by_all_gather, one_small_bucket
 
     ctx = get_context()
     torch.manual_seed(spec.seed % (2 ** 63) + ctx.rank)  # dropout and friends differ per rank; weights start equal
@@ -113,13 +122,17 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     else:
         dist.init_process_group("nccl" if spec.use_gpu else "gloo")
-        model = torch.nn.parallel.DistributedDataParallel(
-            module, device_ids=[device.index] if spec.use_gpu else None)
-        if not spec.use_gpu:  # small buckets in one round, not gloo's all-reduce's two (gradients.py)
-            from spark_dist.ml.gradients import average_small_buckets_by_all_gather
-
-            model.register_comm_hook(None, average_small_buckets_by_all_gather)
-        optimizer = make_optimizer(objects["optimizer"], model.parameters(), spec.learning_rate)
+        if not spec.use_gpu and one_small_bucket(module.parameters(), dist.get_world_size()):
+            # What DDP would do for one small bucket, without importing torch._dynamo (gradients.py)
+            model = GatheredReplicas(module)
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(
+                module, device_ids=[device.index] if spec.use_gpu else None)
+            if not spec.use_gpu:  # small buckets in one round, not gloo's all-reduce's two (gradients.py)
+                model.register_comm_hook(None, average_small_buckets_by_all_gather)
+        optimizer = make_optimizer(objects["optimizer"], module.parameters(), spec.learning_rate,
+                                   on_cpu=isinstance(model, GatheredReplicas))
+    average_gradients = model.average_gradients if isinstance(model, GatheredReplicas) else None
 
     def sum_over_ranks(values: List[float]) -> List[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
@@ -155,6 +168,8 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
                 optimizer.zero_grad()
                 loss = loss_fn(model(x), y)
                 loss.backward()
+                if average_gradients is not None:
+                    average_gradients()
                 optimizer.step()
                 loss_sum += loss.detach().double().cpu() * len(y)
                 rows += len(y)
