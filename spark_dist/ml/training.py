@@ -1,7 +1,9 @@
 """The rank side of ``TorchEstimator.fit``: one module-level function that every rank runs.
 
 It reads its equal shard through ``ctx.loader``, trains with DDP (gloo, or NCCL on GPUs) or Horovod, and
-returns the trained weights and the per-epoch history from rank 0. Nothing here imports Spark.
+returns the trained weights and the per-epoch history from rank 0. On CPU, a model whose gradients make one small
+bucket trains as DDP would train it, without DDP or torch.optim's classes, which import ``torch._dynamo``
+(``gradients.GatheredReplicas``, ``optimizers``). Nothing here imports Spark.
 """
 from __future__ import annotations
 
