@@ -20,7 +20,16 @@ SMALL_BUCKET_BYTES = 1 << 20  # a bucket's world_size copies, together
 def gathers(tensor: torch.Tensor, world_size: int) -> bool:
     """Whether a bucket of gradients goes by all-gather: on CPU, its ``world_size`` copies within
     :data:`SMALL_BUCKET_BYTES`."""
-    return tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() * world_size <= SMALL_BUCKET_BYTES
+    return tensor.device.type == "cpu" and _small(tensor.numel() * tensor.element_size(), world_size)
+
+
+def _small(bucket_bytes: int, world_size: int) -> bool:
+    return bucket_bytes * world_size <= SMALL_BUCKET_BYTES
+
+
+def _mean_in_rank_order(gathered, world_size: int) -> torch.Tensor:
+    """The ranks' copies summed in rank order, then divided: the same numbers on every rank."""
+    return torch.stack(gathered).sum(dim=0).div_(world_size)
 
 
 def average_small_buckets_by_all_gather(process_group,
@@ -36,7 +45,7 @@ def average_small_buckets_by_all_gather(process_group,
     work = dist.all_gather(gathered, tensor, group=group, async_op=True)
 
     def average(_future) -> torch.Tensor:
-        return torch.stack(gathered).sum(dim=0).div_(world_size)
+        return _mean_in_rank_order(gathered, world_size)
 
     return work.get_future().then(average)
 
@@ -47,8 +56,8 @@ def one_small_bucket(parameters, world_size: int) -> bool:
     parameters = [p for p in parameters if p.requires_grad]
     if not parameters or any(p.device.type != "cpu" or not p.is_floating_point() for p in parameters):
         return False
-    bytes_ = sum(p.numel() * p.element_size() for p in parameters)
-    return bytes_ * world_size <= SMALL_BUCKET_BYTES and len({p.dtype for p in parameters}) == 1
+    bucket_bytes = sum(p.numel() * p.element_size() for p in parameters)
+    return _small(bucket_bytes, world_size) and len({p.dtype for p in parameters}) == 1
 
 
 class GatheredReplicas:
@@ -68,15 +77,15 @@ class GatheredReplicas:
         self.module = module
         self.world_size = dist.get_world_size()
         self._parameters = [p for p in module.parameters() if p.requires_grad]
+        self._buffers = list(module.buffers()) if self.world_size > 1 else []
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, 0)
 
     def __call__(self, *args, **kwargs):
-        buffers = list(self.module.buffers())
-        if buffers and self.world_size > 1:
+        if self._buffers:
             with torch.no_grad():
-                for tensor in buffers:
+                for tensor in self._buffers:
                     dist.broadcast(tensor, 0)
         return self.module(*args, **kwargs)
 
@@ -95,7 +104,7 @@ class GatheredReplicas:
         flat = torch.cat([g.reshape(-1) for g in grads])
         gathered = [torch.empty_like(flat) for _ in range(self.world_size)]
         dist.all_gather(gathered, flat)
-        average = torch.stack(gathered).sum(dim=0).div_(self.world_size)
+        average = _mean_in_rank_order(gathered, self.world_size)
         offset = 0
         for p in self._parameters:
             n = p.numel()

@@ -33,10 +33,11 @@ class _OnCpu:
         import torch
 
         group = self.param_groups[0]
+        lr = float(group["lr"])  # the training loop sets it before each step
         with torch.no_grad():
             for i, p in enumerate(group["params"]):
                 if p.grad is not None:
-                    self._update(i, p, p.grad, float(group["lr"]))
+                    self._update(i, p, p.grad, lr)
 
     def _update(self, i: int, param, grad, lr: float) -> None:
         raise NotImplementedError
