@@ -86,11 +86,11 @@ def replicas_against_ddp(steps):
         out["one small bucket"] = one_small_bucket(module.parameters(), dist.get_world_size())
         if kind == "replicas":
             model = GatheredReplicas(module)
+            # checked before the optimizer: torch.optim's classes import it (spark_dist.ml.optimizers)
+            out["torch._dynamo before the optimizer"] = "torch._dynamo" in sys.modules
         else:
             model = torch.nn.parallel.DistributedDataParallel(module)
             model.register_comm_hook(None, average_small_buckets_by_all_gather)
-        if kind == "replicas":  # torch.optim's classes import it (spark_dist.ml.optimizers)
-            out["torch._dynamo before the optimizer"] = "torch._dynamo" in sys.modules
         optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
         data = torch.Generator().manual_seed(100 + dist.get_rank())  # every rank its own batches
         for _ in range(steps):

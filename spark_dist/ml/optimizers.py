@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List
 
+import torch
+
 
 class _OnCpu:
     """What the training loop uses of a torch.optim optimizer: ``param_groups[0]["lr"]``, ``zero_grad()`` (to
@@ -30,8 +32,6 @@ class _OnCpu:
             p.grad = None
 
     def step(self) -> None:
-        import torch
-
         group = self.param_groups[0]
         lr = float(group["lr"])  # the training loop sets it before each step
         with torch.no_grad():
@@ -63,8 +63,6 @@ class Adam(_OnCpu):
         self.moments: Dict[int, tuple] = {}  # (exp_avg, exp_avg_sq), made at a parameter's first step
 
     def _update(self, i, param, grad, lr):
-        import torch
-
         beta1, beta2 = self.betas
         if i not in self.moments:
             self.moments[i] = (torch.zeros_like(param, memory_format=torch.preserve_format),

@@ -113,6 +113,7 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
     module = objects["model"].to(device)
     loss_fn = make_loss(objects["loss"])
     hvd = None
+    average_gradients = None  # the replicas' step between backward() and the optimizer's
     if spec.backend == "horovod":
         import horovod.torch as hvd
 
@@ -124,17 +125,18 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     else:
         dist.init_process_group("nccl" if spec.use_gpu else "gloo")
-        if not spec.use_gpu and one_small_bucket(module.parameters(), dist.get_world_size()):
-            # What DDP would do for one small bucket, without importing torch._dynamo (gradients.py)
+        # What DDP would do for one small bucket, without importing torch._dynamo (gradients.py)
+        replicas = not spec.use_gpu and one_small_bucket(module.parameters(), dist.get_world_size())
+        if replicas:
             model = GatheredReplicas(module)
         else:
             model = torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[device.index] if spec.use_gpu else None)
             if not spec.use_gpu:  # small buckets in one round, not gloo's all-reduce's two (gradients.py)
                 model.register_comm_hook(None, average_small_buckets_by_all_gather)
-        optimizer = make_optimizer(objects["optimizer"], module.parameters(), spec.learning_rate,
-                                   on_cpu=isinstance(model, GatheredReplicas))
-    average_gradients = model.average_gradients if isinstance(model, GatheredReplicas) else None
+        optimizer = make_optimizer(objects["optimizer"], module.parameters(), spec.learning_rate, on_cpu=replicas)
+        if replicas:
+            average_gradients = model.average_gradients
 
     def sum_over_ranks(values: List[float]) -> List[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
