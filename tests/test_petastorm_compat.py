@@ -84,6 +84,13 @@ def test_the_patch_reaches_petastorm_only():
     else:
         assert worker_module.pq is not pq
         assert worker_module.pq.ParquetFile is pq.ParquetFile  # everything else forwards
+    import petastorm.fs_utils as fs_module
+
+    if NEW_PYARROW:  # the removed legacy filesystem, on Petastorm's pyarrow alone
+        assert fs_module.pyarrow is not pyarrow and fs_module.pyarrow.Table is pyarrow.Table
+        assert fs_module.pyarrow.localfs.exists(__file__) and not hasattr(pyarrow, "localfs")
+    else:
+        assert fs_module.pyarrow is pyarrow
 
 
 @pytest.mark.skipif(NEW_PYARROW, reason="the Spark 3.5 line's pyarrow 14 still has every name")
@@ -109,10 +116,54 @@ def test_petastorm_alone_fails_on_new_pyarrow_and_works_after_spark_dist():
 
 @pytest.mark.skipif(not NEW_PYARROW, reason="pyarrow < 16 still has its own legacy HDFS driver")
 def test_legacy_hdfs_says_what_to_use_instead():
-    import pyarrow.hdfs
+    from urllib.parse import urlparse
+
+    from petastorm.hdfs.namenode import HdfsConnector
 
     with pytest.raises(NotImplementedError, match="file:// mount"):
-        pyarrow.hdfs.connect("namenode", 8020)
+        HdfsConnector.hdfs_connect_namenode(urlparse("hdfs://namenode:8020/data"))
+
+
+# In a fresh interpreter: what pyarrow offers anyone, before spark_dist, after it, and after Petastorm read a
+# Parquet file through it (its converter module and reader imported, its filesystem stand-ins used).
+_PYARROW_AS_OTHERS_SEE_IT = """
+import importlib, json, sys
+import pyarrow, pyarrow.parquet as pq
+
+def seen():
+    try:
+        importlib.import_module("pyarrow.filesystem")
+        filesystem = True
+    except ImportError:
+        filesystem = False
+    return {"filesystem": filesystem, "hdfs": hasattr(pyarrow, "hdfs"), "localfs": hasattr(pyarrow, "localfs"),
+            "LocalFileSystem": hasattr(pyarrow, "LocalFileSystem"),
+            "modules": sorted(m for m in ("pyarrow.filesystem", "pyarrow.hdfs") if m in sys.modules)}
+
+before = seen()
+import spark_dist
+after_import = seen()
+import petastorm.spark.spark_dataset_converter
+from petastorm import make_batch_reader
+pq.write_table(pyarrow.table({"label": list(range(20))}), sys.argv[1] + "/part-0.parquet")
+with make_batch_reader("file://" + sys.argv[1], num_epochs=1) as reader:
+    labels = sorted(v for batch in reader for v in batch.label.tolist())
+print(json.dumps({"before": before, "after_import": after_import, "after_use": seen(), "labels": labels}))
+"""
+
+
+def test_pyarrow_looks_the_same_to_everyone_else_after_spark_dist_and_petastorm(tmp_path):
+    import json
+
+    run = subprocess.run([sys.executable, "-c", _PYARROW_AS_OTHERS_SEE_IT, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["labels"] == list(range(20))  # Petastorm read, with whatever it needed
+    assert seen["after_import"] == seen["before"] and seen["after_use"] == seen["before"]
+    if NEW_PYARROW:  # pyarrow 26 has none of these: nor may it seem to, to a library testing for them
+        assert seen["before"] == {"filesystem": False, "hdfs": False, "localfs": False, "LocalFileSystem": False,
+                                  "modules": []}
 
 
 def test_partitioned_datasets_are_refused_clearly(spark_local, tmp_path):

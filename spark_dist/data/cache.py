@@ -7,14 +7,14 @@ data (:mod:`.registry`), else the write (:mod:`.write`) with the value checks me
 """
 import os
 from dataclasses import replace
-from typing import Any, Dict, Iterable, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 from .. import session
 from .checks import _aggregate_cache, _enough_rows, _judge
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
 from .location import CACHE_DIR_CONF, _check_reachable, _parent_url, remote_hosts
-from .registry import (_Entry, _add, _app_id, _delete, _done_writing, _evict, _find_or_claim, _input_files,
-                       _register_cleanup, clear_cache, in_use)
+from .registry import (_Entry, _add, _app_id, _delete, _done_writing, _evict, _find_or_claim, _hold, _input_files,
+                       _register_cleanup, clear_cache, in_use, preparing)
 from .schema import SCALAR, column_kinds
 from .write import _materialise
 
@@ -31,7 +31,8 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
     columns are stored as float32 arrays and doubles as float32; each handle's column stats hold the lengths,
     and the value ranges of the number columns named in ``value_ranges``, measured before that narrowing.
     The same DataFrame prepared by two threads at once is written once. The caches are deleted by
-    :func:`clear_cache`, when the SparkContext stops, or when this process exits.
+    :func:`clear_cache` (which leaves alone the caches a call under way is writing or has handed out), when
+    the SparkContext stops, or when this process exits.
 
     The cache goes under ``petastorm.spark.converter.parentCacheDirUrl`` when set, else under a new
     directory in ``spark.local.dir`` or the temp dir (``file://``). A ``file://`` cache works wherever all
@@ -59,18 +60,20 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
         if not isinstance(df, DataFrame):
             raise TypeError(f"datasets[{name!r}] must be a pyspark.sql.DataFrame, got {type(df).__name__}")
         kinds[name] = column_kinds(name, df)
-    parent_url = _parent_url(spark)
-    _check_reachable(spark, parent_url)
-    _register_cleanup(spark)
-    app_id = _app_id(spark)
-    handles = {}
-    for name, df in datasets.items():
-        if isinstance(df, DatasetHandle):
-            handles[name] = pass_through(name, df, num_ranks)
-        else:
-            handles[name] = _prepare_one(spark, name, df, kinds[name], num_ranks, parent_url, app_id,
-                                         tuple(value_ranges))
-    _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
+    with preparing() as held:  # before the parent dir is chosen: clear_cache must not remove it meanwhile
+        parent_url = _parent_url(spark)
+        _check_reachable(spark, parent_url)
+        _register_cleanup(spark)
+        app_id = _app_id(spark)
+        handles = {}
+        for name, df in datasets.items():
+            if isinstance(df, DatasetHandle):
+                _hold(held, df.cache_dir_url)
+                handles[name] = pass_through(name, df, num_ranks)
+            else:
+                handles[name] = _prepare_one(spark, name, df, kinds[name], num_ranks, parent_url, app_id,
+                                             tuple(value_ranges), held)
+        _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
     return handles
 
 
@@ -91,9 +94,10 @@ def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHan
 
 
 def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, parent_url: str, app_id: str,
-                 ranges: Tuple[str, ...]) -> DatasetHandle:
+                 ranges: Tuple[str, ...], held: List[str]) -> DatasetHandle:
+    """``df``'s cache, found or written, and held (in use) until the ``prepare_datasets`` call returns."""
     inputs = _input_files(spark, df)
-    hit, mine = _find_or_claim(app_id, parent_url, df, inputs)
+    hit, mine = _find_or_claim(app_id, parent_url, df, inputs, held)
     if hit is not None:
         _enough_rows(name, hit.handle.num_rows, num_ranks)
         missing = [c for c in ranges if c in kinds and kinds[c] == SCALAR
@@ -115,7 +119,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
         except BaseException:
             _delete(entry)
             raise
-        _add(entry)
+        _add(entry, held)
         return entry.handle
     finally:
         _done_writing(mine)

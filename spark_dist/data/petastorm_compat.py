@@ -13,16 +13,24 @@ when the running pyarrow or numpy lacks it:
   ``pq.ParquetDatasetPiece`` (removed in 15), on ``pq.ParquetFile``.
 - ``np.unicode_`` and ``np.string_`` (removed in numpy 2), as ``np.str_`` and ``np.bytes_``.
 
-The last two reach Petastorm's modules only: each ``petastorm.*`` module, as it is imported, gets its own
-``pq`` and ``np`` (proxies that add these names and forward everything else), so nothing changes for
-anyone else's pyarrow or numpy. The removed modules can only be supplied in ``sys.modules``; they are new
-names there, so no existing code sees a difference. :func:`install` runs on ``import spark_dist``; it costs
-a list insert, and the work happens when Petastorm is first imported (also by the user's own code).
+All of them reach Petastorm's modules only, so nothing changes for anyone else's pyarrow or numpy (a library
+that tests ``hasattr(pyarrow, "hdfs")`` or tries ``import pyarrow.filesystem`` sees what pyarrow has):
+
+- each ``petastorm.*`` module, as it is imported, gets its own ``pq``, ``np`` and ``pyarrow`` (``pa``): proxies
+  that add these names and forward everything else;
+- its import statements, which run while it is imported (``from pyarrow.filesystem import ...``) or later
+  (inside functions), go through an ``__import__`` of its own (its ``__builtins__``, which Python consults
+  for that module's code alone) that hands it the stand-in modules and the ``pyarrow`` proxy.
+
+Nothing is put in ``sys.modules`` or on the real modules, not even for the length of an import, which
+another thread could see. :func:`install` runs on ``import spark_dist``; it costs a list insert, and the
+work happens when Petastorm is first imported (also by the user's own code).
 
 Not supported (they raise, as on the new pyarrow without this module): Petastorm's legacy HDFS driver
 (use a ``file://`` mount or an fsspec URL), hive-partitioned datasets (``materialize_dataset`` with
 ``partition_by``), and ``petastorm.tf_utils`` (TensorFlow is not part of this stack).
 """
+import builtins
 import sys
 import threading
 import types
@@ -48,7 +56,7 @@ def install() -> None:
     with _lock:
         if _installed:
             return
-        sys.meta_path.insert(0, PatchOnImport(_wants, _patch))
+        sys.meta_path.insert(0, PatchOnImport(_wants, _patch, before=_own_imports))
         _installed = True
     if any(name == "petastorm" or name.startswith("petastorm.") for name in sys.modules):
         if _prepare():  # imported before spark_dist: patch what is there (a later import is patched anyway)
@@ -63,7 +71,7 @@ def needed() -> bool:
 
 
 def _prepare() -> bool:
-    """Decide (once) what Petastorm's modules need, and supply the removed pyarrow modules."""
+    """Decide (once) what Petastorm's modules need."""
     global _plan
     with _lock:
         if _plan is None:
@@ -84,31 +92,59 @@ def _make_plan() -> dict:
     if "unicode_" not in np.__dict__ and "string_" not in np.__dict__:  # numpy 2 (its __getattr__ raises)
         plan["np"] = _proxy(np, unicode_=np.str_, string_=np.bytes_)
     if int(pa.__version__.split(".")[0]) >= 16:
-        from .petastorm_legacy_dataset import LocalFileSystem, hdfs_stub
-
-        try:
-            import pyarrow.filesystem  # noqa: F401 -- present: leave it
-        except ImportError:
-            sys.modules["pyarrow.filesystem"] = _module("pyarrow.filesystem", LocalFileSystem=LocalFileSystem,
-                                                        FileSystem=LocalFileSystem.__mro__[1])
-            plan["pyarrow.filesystem"] = True
-        for name, value in (("LocalFileSystem", LocalFileSystem), ("localfs", LocalFileSystem()),
-                            ("hdfs", hdfs_stub())):
-            if name not in pa.__dict__:
-                setattr(pa, name, value)
-                plan["pyarrow." + name] = True
-        sys.modules.setdefault("pyarrow.hdfs", pa.hdfs)
+        plan.update(_removed_pyarrow_names(pa))
     return plan
 
 
+def _removed_pyarrow_names(pa) -> dict:
+    """``{"pa": proxy, "modules": {name: stand-in}, "builtins": ...}`` for pyarrow >= 16: its removed legacy
+    filesystem names, and the builtins whose ``__import__`` hands them to Petastorm's import statements."""
+    from .petastorm_legacy_dataset import LocalFileSystem, hdfs_stub
+
+    modules = {}
+    try:
+        import pyarrow.filesystem  # noqa: F401 -- present: leave it
+    except ImportError:
+        modules["pyarrow.filesystem"] = _module("pyarrow.filesystem", LocalFileSystem=LocalFileSystem,
+                                                FileSystem=LocalFileSystem.__mro__[1])
+    stand_ins = {"LocalFileSystem": LocalFileSystem, "localfs": LocalFileSystem(), "hdfs": hdfs_stub(),
+                 "filesystem": modules.get("pyarrow.filesystem")}
+    extra = {name: value for name, value in stand_ins.items() if value is not None and name not in pa.__dict__}
+    if "hdfs" in extra:
+        modules["pyarrow.hdfs"] = extra["hdfs"]
+    if not extra and not modules:
+        return {}
+    return {"pa": _proxy(pa, **extra), "modules": modules, "builtins": {**builtins.__dict__, "__import__": _import}}
+
+
+def _own_imports(module) -> None:
+    """Before a Petastorm module runs: its import statements go through :func:`_import`."""
+    if _plan and "builtins" in _plan:
+        module.__builtins__ = _plan["builtins"]
+
+
+def _import(name, globals=None, locals=None, fromlist=(), level=0):
+    """``__import__`` for Petastorm's modules: the stand-in of a removed pyarrow module, and the ``pyarrow``
+    proxy where the statement binds the top-level ``pyarrow``; everything else as the interpreter's own."""
+    if level == 0 and (name == "pyarrow" or name.startswith("pyarrow.")):
+        stand_in = _plan["modules"].get(name)
+        if stand_in is not None:
+            return stand_in if fromlist else _plan["pa"]
+        imported = builtins.__import__(name, globals, locals, fromlist, level)
+        return _plan["pa"] if imported is sys.modules["pyarrow"] else imported
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
 def _patch(module) -> None:
-    """Give one Petastorm module the proxies it needs in place of its ``pq`` and ``np``."""
+    """Give one Petastorm module the proxies it needs in place of its ``pq``, ``np`` and ``pyarrow``: a module
+    imported before spark_dist holds the real ones (one imported since has the ``pyarrow`` proxy already)."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for name, real in (("pq", pq), ("np", np)):
-        if name in (_plan or {}) and module.__dict__.get(name) is real:
-            setattr(module, name, _plan[name])
+    for name, real, key in (("pq", pq, "pq"), ("np", np, "np"), ("pyarrow", pa, "pa"), ("pa", pa, "pa")):
+        if key in (_plan or {}) and module.__dict__.get(name) is real:
+            setattr(module, name, _plan[key])
 
 
 def _proxy(real, **extra) -> types.ModuleType:

@@ -2,8 +2,10 @@
 
 A cache is keyed by application, parent directory, the DataFrame (the same data as ``sameSemantics``
 judges) and the files it reads. Caches are kept per application, least recently used evicted beyond
-:data:`MAX_CACHED_DATASETS`, never while a run reads them (:func:`in_use`), and deleted by
-:func:`clear_cache`, when the SparkContext stops, or when this process exits.
+:data:`MAX_CACHED_DATASETS`, and deleted by :func:`clear_cache`, when the SparkContext stops, or when this
+process exits. Neither eviction nor :func:`clear_cache` deletes a cache in use: one a run reads
+(:func:`in_use`), one being written, or one a ``prepare_datasets`` call still under way has handed out
+(:func:`preparing`).
 """
 import atexit
 import functools
@@ -83,7 +85,8 @@ def _app_id(spark) -> str:
 _lock = threading.RLock()
 _entries: List[_Entry] = []
 _writing: List["_Write"] = []           # the writes under way
-_in_use: Dict[str, int] = {}            # cache dir URL -> runs reading it now (never evicted meanwhile)
+_in_use: Dict[str, int] = {}            # cache dir URL -> runs reading it, or calls handing it out, now
+_preparing = 0                          # prepare_datasets calls under way (each may write in the default dir)
 _owner_pid = os.getpid()                # forked children inherit this module's state, not its caches
 _atexit_registered = False
 # Caches kept per application, least recently used evicted first: a Pipeline or CrossValidator makes a new
@@ -91,15 +94,51 @@ _atexit_registered = False
 MAX_CACHED_DATASETS = 8
 
 
-def _find_or_claim(app_id: str, parent_url: str, df, inputs: tuple) -> Tuple[Optional[_Entry], Optional[_Write]]:
-    """``(entry, None)``: the cache of the same data (now the most recently used); else ``(None, write)``:
-    this thread is to write it, and must end with :func:`_done_writing` (after :func:`_add` on success)."""
+@contextmanager
+def preparing():
+    """One ``prepare_datasets`` call under way; yields ``held``, the list :func:`_hold` adds to. Until the call
+    returns, the caches it has handed out are in use, and the default parent dir (where its writes may go)
+    stays. Enter it before choosing the parent dir: :func:`clear_cache` removes that dir only when no call
+    is under way."""
+    global _preparing
+    held: List[str] = []
+    with _lock:
+        _preparing += 1
+    try:
+        yield held
+    finally:
+        with _lock:
+            _preparing -= 1
+            _release(held)
+
+
+def _hold(held: List[str], url: str) -> None:
+    """Mark ``url`` in use until the :func:`preparing` call that yielded ``held`` ends."""
+    with _lock:
+        _in_use[url] = _in_use.get(url, 0) + 1
+        held.append(url)
+
+
+def _release(urls: Iterable[str]) -> None:
+    with _lock:
+        for url in urls:
+            _in_use[url] -= 1
+            if not _in_use[url]:
+                del _in_use[url]
+
+
+def _find_or_claim(app_id: str, parent_url: str, df, inputs: tuple,
+                   held: List[str]) -> Tuple[Optional[_Entry], Optional[_Write]]:
+    """``(entry, None)``: the cache of the same data (now the most recently used, and held for the caller);
+    else ``(None, write)``: this thread is to write it, and must end with :func:`_done_writing` (after
+    :func:`_add` on success)."""
     while True:
         with _lock:
             hit = next((e for e in _entries if _same_data(e, app_id, parent_url, df, inputs)), None)
             if hit is not None:
                 _entries.remove(hit)  # most recently used last
                 _entries.append(hit)
+                _hold(held, hit.handle.cache_dir_url)  # before the lock is let go: no clear_cache in between
                 return hit, None
             # The same data being written by another thread right now (CrossValidator's parallel fits of one
             # fold): wait for that write and use it rather than writing the same data twice.
@@ -111,10 +150,11 @@ def _find_or_claim(app_id: str, parent_url: str, df, inputs: tuple) -> Tuple[Opt
         writing.done.wait()
 
 
-def _add(entry: _Entry) -> None:
-    """Keep a cache just written (the most recently used)."""
+def _add(entry: _Entry, held: List[str]) -> None:
+    """Keep a cache just written (the most recently used), held for the caller."""
     with _lock:
         _entries.append(entry)
+        _hold(held, entry.handle.cache_dir_url)
 
 
 def _done_writing(write: _Write) -> None:
@@ -126,20 +166,15 @@ def _done_writing(write: _Write) -> None:
 
 @contextmanager
 def in_use(handles: Iterable[DatasetHandle]):
-    """Keep these handles' caches from eviction while a run reads them (another thread's prepare_datasets
-    may go past MAX_CACHED_DATASETS meanwhile)."""
-    urls = [h.cache_dir_url for h in handles]
-    with _lock:
-        for url in urls:
-            _in_use[url] = _in_use.get(url, 0) + 1
+    """Keep these handles' caches while a run reads them: from eviction (another thread's prepare_datasets
+    may go past MAX_CACHED_DATASETS meanwhile) and from another thread's :func:`clear_cache`."""
+    held: List[str] = []
+    for handle in handles:
+        _hold(held, handle.cache_dir_url)
     try:
         yield
     finally:
-        with _lock:
-            for url in urls:
-                _in_use[url] -= 1
-                if not _in_use[url]:
-                    del _in_use[url]
+        _release(held)
 
 
 def _evict(app_id: str, keep) -> None:
@@ -180,24 +215,41 @@ def _delete_on_executor(spark, url: str) -> None:
 
 
 def clear_cache(spark=None) -> int:
-    """Delete the dataset caches this process made (all of them, or only ``spark``'s application's).
+    """Delete the dataset caches this process made (all of them, or only ``spark``'s application's), except
+    those in use: being written or handed out by a ``prepare_datasets`` call under way in another thread, or
+    read by a run (they are kept, and named in a warning; a later call deletes them).
 
     Caches the user made (their own conf's parent dir, a Petastorm cache made before) are never touched.
     Also runs when the SparkContext stops and when the interpreter exits. Returns how many were deleted;
     never raises for a cache that cannot be deleted (it logs a warning naming it).
     """
-    app_id = _app_id(spark) if spark is not None else None
+    return _clear(_app_id(spark) if spark is not None else None, keep_in_use=True)
+
+
+def _clear(app_id: Optional[str], keep_in_use: bool) -> int:
     if os.getpid() != _owner_pid:
         return 0
     with _lock:
-        gone = [e for e in _entries if app_id is None or e.app_id == app_id]
+        mine = [e for e in _entries if app_id is None or e.app_id == app_id]
+        gone = [e for e in mine if not keep_in_use or e.handle.cache_dir_url not in _in_use]
         _entries[:] = [e for e in _entries if e not in gone]
-        left = bool(_entries)
+        kept = [e.handle.cache_dir_url for e in mine if e not in gone]
+        writing = sum(app_id is None or w.app_id == app_id for w in _writing) if keep_in_use else 0
     for entry in gone:
         _delete(entry)
-    if not left:
-        _remove_default_parent()
+    with _lock:  # a prepare_datasets call takes the lock before it asks for the dir (see preparing)
+        if not _entries and (not keep_in_use or not (_writing or _preparing)):
+            _remove_default_parent()
+    if kept or writing:
+        left = [f"{len(kept)} in use ({', '.join(kept)})"] * bool(kept) + [f"{writing} being written"] * bool(writing)
+        logger.warning("spark_dist: clear_cache left %s by a run or a prepare_datasets call of another thread; "
+                       "call it again once those have returned", " and ".join(left))
     return sum(e.owned for e in gone)
+
+
+def _clear_at_exit() -> None:
+    """At interpreter exit every cache goes, in use or not: no run or write of this process outlives it."""
+    _clear(None, keep_in_use=False)
 
 
 def _stop_after_clearing(original_stop, app_id: str) -> None:
@@ -221,7 +273,7 @@ def _register_cleanup(spark) -> None:
     sc = spark if session.is_connect(spark) else spark.sparkContext
     with _lock:
         if not _atexit_registered:
-            atexit.register(clear_cache)
+            atexit.register(_clear_at_exit)
             _atexit_registered = True
         if not getattr(sc, "_spark_dist_clears_cache", False):
             sc.stop = functools.partial(_stop_after_clearing, sc.stop, session.app_id(spark))

@@ -37,9 +37,9 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     - ``optimizer``: ``"adam"`` (default), ``"sgd"``, ``"adamw"``, or a callable ``(parameters, lr)``.
     - ``batchSize`` (per process), ``epochs``, ``learningRate``, ``numProcesses``, ``backend``
       (``"ddp"``: DDP over gloo, NCCL with ``useGpu``; ``"horovod"``: ``horovod.torch``), ``useGpu``.
-    - ``validationFraction`` (hold out this fraction at random, by ``seed``) or ``validationCol`` (a boolean
-      column, true = validation row): then each epoch's history also has ``val_loss`` (and
-      ``val_accuracy`` for cross_entropy and bce_with_logits).
+    - ``validationFraction`` (hold out this fraction, chosen by a hash of each row's values and ``seed``:
+      equal rows go to the same side) or ``validationCol`` (a boolean column, true = validation row): then
+      each epoch's history also has ``val_loss`` (and ``val_accuracy`` for cross_entropy and bce_with_logits).
     - ``scaleLearningRate`` (default on): the linear scaling rule of Goyal et al., "Accurate, Large Minibatch
       SGD" (2017). With N processes the global batch is N x batchSize, so the learning rate used is
       N x learningRate, reached by a linear ramp from learningRate over the first ``warmupEpochs`` epochs
@@ -166,8 +166,8 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
             datasets = {"train": picked.filter(f"{flag} IS NULL OR NOT {flag}").select(kept).toDF(*names),
                         "val": picked.filter(flag).select(kept).toDF(*names)}
         elif fraction > 0:
-            train_df, val_df = dataset.select(columns).randomSplit([1.0 - fraction, fraction], seed=self.getSeed())
-            datasets = {"train": train_df, "val": val_df}
+            # By each row's content, not randomSplit: the two cache writes read the source twice.
+            datasets = inputs.split_by_content(dataset.select(columns), fraction, self.getSeed())
         else:
             datasets = {"train": dataset.select(columns)}
         # One Spark job per DataFrame: the cache write, which also measures the label range and the feature

@@ -99,6 +99,27 @@ def check_label(schema, label: str, loss, features: Features) -> str:
     return kind
 
 
+_HASH_RANGE = 1 << 53  # hash values are cut to [0, 2**53): every bound there is an exact double
+
+
+def split_by_content(df, fraction: float, seed: int) -> dict:
+    """``{"train": ..., "val": ...}``: ``df``'s rows split by a hash of each row's values and ``seed``, about
+    ``fraction`` of them to ``"val"``.
+
+    The two halves are written by two Spark jobs, each reading the source again. A row's half depends on the
+    row alone (not on its partition or its place in it, as ``randomSplit``'s does), so every row lands in
+    exactly one half even when the source changes between the reads (new files, another partitioning, a
+    nondeterministic column); equal rows land in the same half, so no duplicate straddles the two. The same
+    seed gives the same split.
+    """
+    names = df.columns
+    positional = by_position(df)
+    values = ", ".join([f"CAST({int(seed)} AS BIGINT)", *(position(i) for i in range(len(names)))])
+    held_out = f"pmod(xxhash64({values}), {_HASH_RANGE}) < {int(fraction * _HASH_RANGE)}"
+    return {"train": positional.filter(f"NOT ({held_out})").toDF(*names),
+            "val": positional.filter(held_out).toDF(*names)}
+
+
 def prepare(spark, datasets: dict, num_processes: int, features: Features, label: str,
             validation: str = "") -> dict:
     """Materialise the fit's DataFrames (one Spark job each, which also measures them) as dataset handles.

@@ -141,7 +141,7 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
                                   typeConverter=TypeConverters.toBoolean)
     validationFraction: "Param[float]" = Param(
         Params._dummy(), "validationFraction",
-        "fraction of rows held out (randomly, by seed) for per-epoch validation; 0 for none",
+        "fraction of rows held out (by a hash of each row and seed) for per-epoch validation; 0 for none",
         typeConverter=_to_fraction)
     validationCol: "Param[str]" = Param(
         Params._dummy(), "validationCol", "boolean column: true marks a validation row (instead of a fraction)",
