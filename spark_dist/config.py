@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from .errors import ConfigError, ClusterConfigError
 from .rendezvous import LAYOUTS
@@ -22,11 +22,13 @@ CONF_HOST_LOST_TIMEOUT = "spark.dist.hostLostTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
+CONF_STORE_PORT = "spark.dist.storePort"
+CONF_HOROVOD_RENDEZVOUS_PORT = "spark.dist.horovod.rendezvousPort"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
                 CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
-                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT)
+                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 BACKENDS = ("ddp", "horovod")
@@ -56,6 +58,27 @@ def _conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
     if seconds <= 0:
         raise ConfigError(f"Spark conf {key}={value!r} must be positive")
     return seconds
+
+
+def port_range(conf: Mapping[str, str], key: str) -> Optional[Tuple[int, int]]:
+    """The ports ``key`` allows as ``(first, last)``, both included: a port (``29500``) or a range
+    (``29500-29600``); ``None`` when unset (any free port).
+
+    Raises:
+        ConfigError: naming ``key``: not a port or a range of them (1-65535, first <= last).
+    """
+    value = conf.get(key)
+    if value is None or not str(value).strip():
+        return None
+    first, sep, last = str(value).strip().partition("-")
+    try:
+        ports = (int(first), int(last) if sep else int(first))
+    except ValueError:
+        ports = (0, 0)
+    if not (1 <= ports[0] <= ports[1] <= 65535):
+        raise ConfigError(f"Spark conf {key}={value!r} is not a port or a range of ports: use one port (29500) "
+                          "or first-last (29500-29600), within 1-65535")
+    return ports
 
 
 def slot_wait_timeout(conf: Mapping[str, str]) -> float:
@@ -167,6 +190,8 @@ class RunConfig:
     abort_grace_period: float = 5.0
     host_lost_timeout: float = 10.0  # ranks silent this long (no heartbeat) mean their host is lost
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
+    store_ports: Optional[Tuple[int, int]] = None  # the run's store binds one of these (first, last); None: any
+    horovod_rendezvous_ports: Optional[Tuple[int, int]] = None  # the same for Horovod's rendezvous server
     max_result_bytes: int = 0  # spark.driver.maxResultSize: the most rank 0's result may be (0: no bound)
     layout: str = "host"  # what a torchrun "node" is: a host, or a Spark task (PySpark's); see assign_ranks
     processes_per_task: int = 1  # ranks per Spark task: one per GPU of a multi-GPU task
@@ -276,6 +301,8 @@ class RunConfig:
             abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
             host_lost_timeout=_conf_seconds(conf, CONF_HOST_LOST_TIMEOUT, 10.0),
             collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
+            store_ports=port_range(conf, CONF_STORE_PORT),
+            horovod_rendezvous_ports=port_range(conf, CONF_HOROVOD_RENDEZVOUS_PORT),
             # Local-mode results come back through a file, not a Spark task: Spark's bound does not apply.
             max_result_bytes=0 if local_mode else _max_result_bytes(conf),
             ssl_enabled=ssl_enabled,

@@ -5,8 +5,9 @@ PySpark's TorchDistributor does under Connect), started under a job tag and canc
 cannot live on the client, so the first task hosts it and runs the :class:`~spark_dist.coordinator.Coordinator`
 next to its own rank. The other tasks find it without a barrier sync (``allGather`` costs a second): its host
 is the first task's executor host (``getTaskInfos``, static) and its port the one the client drew for the
-attempt. A port that turns out taken there fails the first task with a marked error, and the client
-relaunches the attempt on another port (not counted as a retry).
+attempt (from ``spark.dist.storePort`` when set, for a firewall that opens only those). A port that turns
+out taken there fails the first task with a marked error, and the client relaunches the attempt on another
+port (not counted as a retry).
 
 What comes back: every task's records (rank 0's result chunks, each task's status) and, from the first task,
 what its coordinator saw (:class:`Watched`: the reports and failures, for :func:`~spark_dist.outcome.outcome_of`).
@@ -31,10 +32,11 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
-from . import output, session
-from .config import RunConfig
+from . import checkpoint_dirs, output, session
+from .config import CONF_STORE_PORT, RunConfig
+from .errors import ConfigError
 from .outcome import JobError, Outcome, Seen, outcome_of
 from .protocol import ABORT, Abort, LaunchSpec, TaskOutcome, TaskStatus
 from .rendezvous import SignedStore, bind_listener, host_store
@@ -43,6 +45,31 @@ VERDICT = "spark_dist-verdict"  # brackets what the first task saw, in the error
 PORT_TAKEN = "spark_dist-store-port-taken"
 STORE_PORTS = (20000, 32000)  # below Linux's ephemeral range, so outgoing connections rarely hold one
 _PORT_ATTEMPTS = 4
+_TAKEN_AT = re.compile(re.escape(PORT_TAKEN) + r": port \d+ on (\S+): ")
+
+
+def ports_to_try(configured: Optional[Tuple[int, int]], draw: random.Random) -> List[int]:
+    """The store ports the client tries for one attempt, in order: up to ``_PORT_ATTEMPTS`` distinct ones
+    drawn from ``spark.dist.storePort``'s range (``(first, last)``, both included) when set, else from
+    :data:`STORE_PORTS`. Drawn, not taken in order: the client cannot see which are free on the executor,
+    and concurrent runs would otherwise all try the first port first."""
+    first, last = configured or (STORE_PORTS[0], STORE_PORTS[1] - 1)
+    return draw.sample(range(first, last + 1), min(_PORT_ATTEMPTS, last - first + 1))
+
+
+def configured_ports_taken(ports: Tuple[int, int], tried: List[int], error_text: str) -> ConfigError:
+    """The error for a run whose every drawn ``spark.dist.storePort`` port was taken on the first task's
+    executor (``error_text``: the task's marked error, which names the host)."""
+    found = _TAKEN_AT.search(error_text)
+    where = f"on {found.group(1)} " if found else ""
+    first, last = ports
+    if first == last:
+        return ConfigError(f"{CONF_STORE_PORT}={first}: port {first} is taken {where}(the first task's executor, "
+                           "which hosts the run's store under Spark Connect); with a single port no redraw can "
+                           f"help: free it, or give a range (for example {first}-{min(first + 100, 65535)})")
+    return ConfigError(f"{CONF_STORE_PORT}={first}-{last}: ports {', '.join(map(str, tried))} were all taken "
+                       f"{where}(the first task's executor, which hosts the run's store under Spark Connect); "
+                       "widen the range")
 
 
 @dataclass(frozen=True)
@@ -51,7 +78,7 @@ class Watched:
 
     seen: Seen
     reports: tuple
-    output: tuple = ()  # (rank, stream, line) the ranks printed, in order per rank
+    output: tuple = ()  # (rank, stream, line): the tail of what each rank printed (output.OutputTail)
 
 
 class ConnectAttempt:
@@ -67,18 +94,27 @@ class ConnectAttempt:
             secret=os.urandom(32), use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
             backend=config.backend, max_result_bytes=config.max_result_bytes,
-            processes_per_task=config.processes_per_task)
+            processes_per_task=config.processes_per_task, relay_output=owner.log_ranks,
+            remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config))
 
     def run(self) -> Outcome:
-        draw = random.SystemRandom()
+        """The attempt's outcome.
+
+        Raises:
+            ConfigError: naming ``spark.dist.storePort``: every port drawn from it was taken.
+        """
         started = time.monotonic()
-        for _ in range(_PORT_ATTEMPTS):
-            spec = dataclasses.replace(self.spec, store_port=draw.randrange(*STORE_PORTS))
+        tried = ports_to_try(self.config.store_ports, random.SystemRandom())
+        for port in tried:
+            spec = dataclasses.replace(self.spec, store_port=port)
             time_left = None if self.time_left is None else self.time_left - (time.monotonic() - started)
             records, error, timed_out = self._job(spec, time_left)
             if error is None or PORT_TAKEN not in str(error):
                 break
-        return self._outcome(records, error, timed_out)
+        else:
+            if self.config.store_ports is not None:
+                raise configured_ports_taken(self.config.store_ports, tried, str(error))
+        return self._outcome(records, error, timed_out, port)
 
     def _job(self, spec: LaunchSpec, time_left: Optional[float]):
         n = self.config.num_tasks
@@ -92,18 +128,16 @@ class ConnectAttempt:
 
         def collect():
             self.spark.addTag(self.tag)  # tags belong to the thread that starts the operation
+            ours = self.config.job_description(spec.attempt)
+            described = _describe_jobs(self.spark, ours)
             try:
-                # What the Spark UI shows for the job (a session-wide setting under Connect: unset after).
-                self.spark.conf.set("spark.job.description", self.config.job_description(spec.attempt))
                 rows.extend(frame.collect())
             except BaseException as exc:  # a lost executor, a failed stage, an interrupt
                 errors.append(exc)
             finally:
                 self.spark.removeTag(self.tag)
-                try:
-                    self.spark.conf.unset("spark.job.description")
-                except Exception:  # noqa: BLE001 -- the session may be gone
-                    pass
+                if described:
+                    _undescribe_jobs(self.spark, ours)
                 done.set()
 
         thread = threading.Thread(target=collect, name=self.tag, daemon=True)
@@ -124,7 +158,7 @@ class ConnectAttempt:
         records = session.records_of(rows)
         return records, (errors[0] if errors else None), timed_out
 
-    def _outcome(self, records, error: Optional[BaseException], timed_out: bool) -> Outcome:
+    def _outcome(self, records, error: Optional[BaseException], timed_out: bool, store_port: int) -> Outcome:
         watched = next((r for r in records if isinstance(r, Watched)), None)
         if watched is None and error is not None:
             watched = verdict_in(str(error), self.spec.secret)
@@ -142,7 +176,29 @@ class ConnectAttempt:
                 show(*line)
         job_error = None if error is None else JobError(type(error).__name__, str(error))
         return outcome_of(dataclasses.replace(
-            seen, records=tuple(r for r in records if not isinstance(r, Watched)), job_error=job_error))
+            seen, records=tuple(r for r in records if not isinstance(r, Watched)), job_error=job_error,
+            store_port=store_port, store_in_task=True))
+
+
+def _describe_jobs(spark, description: str) -> bool:
+    """Name the run's job in the Spark UI (``spark.job.description``, a session-wide setting under Connect)
+    unless the user set a description of their own, which is theirs to keep; returns whether ours was set."""
+    try:
+        if spark.conf.get("spark.job.description", None):
+            return False
+        spark.conf.set("spark.job.description", description)
+        return True
+    except Exception:  # noqa: BLE001 -- only the UI's label
+        return False
+
+
+def _undescribe_jobs(spark, description: str) -> None:
+    """Unset our description, unless someone replaced it meanwhile."""
+    try:
+        if spark.conf.get("spark.job.description", None) == description:
+            spark.conf.unset("spark.job.description")
+    except Exception:  # noqa: BLE001 -- the session may be gone
+        pass
 
 
 def verdict(watched: Watched, secret: bytes) -> str:
@@ -210,16 +266,16 @@ def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Opti
                            f"address as Spark knows it): {exc}") from exc
     server, _ = host_store(spec.store_host, spec.rendezvous_timeout, listener)
     store = SignedStore(server, spec.secret, spec.prefix)
-    backend = get_backend(config.backend)
+    backend = get_backend(config.backend, config)
     reports: List[dict] = []
-    lines: List[tuple] = []
+    lines = output.OutputTail()  # the client gets the lines only at the end: a bounded tail of each rank's
     give_up = threading.Event()
     deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
     config = dataclasses.replace(config, driver_host=spec.store_host)
     # No Spark job to wait for here: the watch ends once every rank has ended, or on give_up.
     coordinator = Coordinator(store, config, spec, backend, job_ended=None, cancel=give_up.set,
                               on_report=reports.append, deadline=deadline, host=spec.store_host,
-                              on_output=lambda *line: lines.append(line))
+                              on_output=lines)
     crashed: List[BaseException] = []
 
     def watch():
@@ -242,8 +298,8 @@ def _serve_with_coordinator(spec: LaunchSpec, config: RunConfig, time_left: Opti
             raise RuntimeError(f"spark_dist: the run's coordinator failed in the first task: {crashed[0]!r}") \
                 from crashed[0]
         coordinator.drain_reports(final=True)
-        coordinator.drain_output()
-        watched = Watched(coordinator.seen(), tuple(reports), tuple(lines))
+        coordinator.drain_output(final=True)
+        watched = Watched(coordinator.seen(), tuple(reports), lines.items())
     finally:
         backend.stop()
     if coordinator.lost_ranks:  # their tasks would hold the job open until Spark's own timeout: end it now

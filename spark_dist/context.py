@@ -1,16 +1,16 @@
 """The rank's view of its run: :class:`TrainContext` and :func:`get_context`."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
+
+from . import checkpoint_dirs
 
 _current: Optional["TrainContext"] = None
 
 CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
-PROGRESS_KEY = "_progress"  # a report holding (epoch, step, steps) of rank 0's loader: the driver's bar
 PROGRESS_EVERY_S = 0.25
 LOG_KEY = "_log"  # a report holding a log_to_driver message
 LOG_MESSAGE_CHARS = 4000  # longer messages are cut, as Databricks' log_to_driver does
@@ -31,7 +31,7 @@ class TrainContext:
     host: str
     use_gpu: bool = False
     gpus: tuple = ()  # the GPU addresses Spark assigned to this rank's task
-    checkpoint_dir: Optional[str] = None
+    checkpoint_dir: Optional[str] = None  # this host's path of the run's checkpoint directory
     datasets: Dict[str, Any] = field(default_factory=dict, repr=False)
     _reporter: Any = field(default=None, repr=False)
     loaders: list = field(default_factory=list, repr=False)
@@ -69,17 +69,25 @@ class TrainContext:
         return loader
 
     def _progress(self, epoch: int, step: int, steps: int) -> None:
-        """Tell the driver where rank 0's loader is: at most every PROGRESS_EVERY_S, and each epoch's end."""
+        """Tell the driver where rank 0's loader is and how fast it goes, measured here: at most every
+        PROGRESS_EVERY_S, and each epoch's end. One overwritten value, not a report: the driver shows the
+        latest and keeps nothing. ``step`` k is handed out once k - 1 steps are done."""
         now = time.monotonic()
+        if epoch != self._progress_epoch or step == 1:
+            self._progress_epoch, self._progress_started = epoch, now
         if step < steps and now - self._progress_sent < PROGRESS_EVERY_S:
             return
         self._progress_sent = now
-        self._reporter({**self._report_head(), PROGRESS_KEY: (epoch, step, steps)})
+        elapsed = now - self._progress_started
+        rate = (step - 1) / elapsed if step > 1 and elapsed > 0 else None
+        self._reporter.progress((epoch, step, steps, rate))
 
     def _report_head(self) -> Dict[str, Any]:
         return {"rank": self.rank, "attempt": self.attempt, "time": time.time()}  # REPORT_KEYS
 
     _progress_sent = 0.0
+    _progress_epoch = None
+    _progress_started = 0.0
 
     # -- metrics ----------------------------------------------------------------------------------------
     def report(self, **metrics) -> None:
@@ -88,35 +96,49 @@ class TrainContext:
             self._reporter({**self._report_head(), **metrics})
 
     # -- checkpoints ------------------------------------------------------------------------------------
-    def _checkpoint_path(self) -> str:
-        if not self.checkpoint_dir:
+    def __post_init__(self):
+        # The driver names the default directory (a relative name) for every host: this host's path is
+        # under its own private temp dir. ``_checkpoint_name`` keeps the driver's form, which says which.
+        self._checkpoint_name = self.checkpoint_dir
+        if self.checkpoint_dir:
+            self.checkpoint_dir = checkpoint_dirs.resolve(self.checkpoint_dir)
+
+    def _checkpoint_dir(self) -> str:
+        if not self._checkpoint_name:
             raise RuntimeError("this run has no checkpoint directory")
-        return os.path.join(self.checkpoint_dir, CHECKPOINT_FILE)
+        return self._checkpoint_name
 
     def save_checkpoint(self, obj) -> None:
         """Rank 0 writes ``obj`` with ``torch.save`` atomically (temp file, then rename: a crash mid-write
-        never leaves a torn checkpoint); other ranks return at once."""
+        never leaves a torn checkpoint); other ranks return at once.
+
+        Raises:
+            CheckpointDirError: (a ``PermissionError``) the checkpoint directory is not this user's alone:
+                another owner, writable by group or others, or a symbolic link; the message names
+                ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
+        """
         if self.rank != 0:
             return
         import torch
 
-        path = self._checkpoint_path()
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        with checkpoint_dirs.atomic_write(self._checkpoint_dir(), CHECKPOINT_FILE) as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
 
     def load_checkpoint(self, default=None):
-        """The latest checkpoint of this run (every rank reads it), or ``default`` when there is none."""
+        """The latest checkpoint of this run (every rank reads it), or ``default`` when there is none. It is
+        unpickled (``torch.load(weights_only=False)``) only once it and its directory proved this user's alone.
+
+        Raises:
+            CheckpointDirError: (a ``PermissionError``) the checkpoint or its directory is not this user's
+                alone; the message names ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
+        """
         import torch
 
-        path = self._checkpoint_path()
-        if not os.path.exists(path):
+        f = checkpoint_dirs.open_checked(self._checkpoint_dir(), CHECKPOINT_FILE)
+        if f is None:
             return default
-        return torch.load(path, map_location="cpu", weights_only=False)
+        with f:
+            return torch.load(f, map_location="cpu", weights_only=False)
 
 
 def get_context() -> TrainContext:

@@ -23,7 +23,10 @@ class TorchDistributor(Distributor):
     (``num_processes``, ``local_mode``, ``use_gpu``, ``num_tasks``, ``ssl_conf``, ``spark``, ``input_params``)
     and rank layout: each Spark task is a torchrun node (``LOCAL_RANK`` 0, ``NODE_RANK`` = its task index,
     ``CUDA_VISIBLE_DEVICES`` = the task's own GPUs; with ``spark.task.resource.gpu.amount`` = k > 1 a task runs
-    k ranks, as PySpark 4.2+ does), and ``CUDA_VISIBLE_DEVICES=""`` with ``use_gpu=False``.
+    k ranks, as PySpark 4.2+ does), and ``CUDA_VISIBLE_DEVICES=""`` with ``use_gpu=False``. In local mode the
+    ranks are one node on the driver and share its GPUs: those of Spark's driver resources
+    (``spark.driver.resource.gpu.*``) on a classic session, as PySpark takes them; under Connect, this
+    client's own.
 
     ``run(train_object, *args, **kwargs)`` runs a function with ``args`` and *every* keyword argument
     (returns rank 0's value) or a ``.py`` path with its command-line arguments (returns ``None``).

@@ -62,7 +62,8 @@ class RankFailure:
 
     ``kind`` is ``"exception"`` (the function raised), ``"signal"`` (the rank process was killed),
     ``"exit"`` (a script exited non-zero), ``"timeout"``, ``"lost"`` (its Spark task or executor went away) or
-    ``"cancelled"`` (someone cancelled the run's Spark job).
+    ``"cancelled"`` (someone cancelled the run's Spark job). ``on_driver``: the rank ran as a process of the
+    driver (``local_mode=True``), not in a Spark task; it decides which memory settings a SIGKILL points to.
     """
 
     rank: Optional[int]
@@ -76,6 +77,7 @@ class RankFailure:
     time: float = 0.0
     seq: int = 0
     exception_bytes: Optional[bytes] = field(default=None, repr=False)
+    on_driver: bool = False
 
     @property
     def secondary(self) -> bool:
@@ -111,7 +113,8 @@ class RankFailure:
                 name = _signal.Signals(self.signal).name
             except ValueError:
                 name = str(self.signal)
-            return f"{who} on host {self.host} was killed by signal {name} ({self.signal})"
+            killed = f"{who} on host {self.host} was killed by signal {name} ({self.signal})"
+            return killed + (": " + sigkill_cause(self.on_driver) if self.signal == _signal.SIGKILL else "")
         if self.kind == "timeout" and self.rank is not None:
             where = _innermost_frame(self.traceback)
             state = "was waiting in a collective" if self.in_collective else "stopped answering"
@@ -121,6 +124,22 @@ class RankFailure:
         if self.exc_type and self.kind not in ("lost", "cancelled"):  # a lost task's exc_type is Spark's, not the rank's
             return f"{who} on host {self.host} raised {self.exc_type}: {self.message}"
         return f"{who} on host {self.host}: {self.message}"
+
+
+def sigkill_cause(on_driver: bool) -> str:
+    """What usually sends a rank SIGKILL, and the settings to change. Nothing catches SIGKILL, so the rank says
+    nothing itself; its usual senders are the kernel's OOM killer and a cluster manager enforcing a
+    container's memory limit (YARN, Kubernetes), so the text names the memory settings of where it ran."""
+    if on_driver:
+        return ("this is usually the machine running out of memory (the kernel's OOM killer; `dmesg` names the "
+                "process): local_mode=True runs every rank on the driver's machine, so free memory there, run "
+                "fewer processes or smaller batches, or, where a cluster manager sizes the driver's container, "
+                "raise spark.driver.memoryOverhead (the room outside the JVM heap) or spark.driver.memory")
+    return ("this is usually memory: the executor's container went over its limit (YARN, Kubernetes) or the "
+            "kernel's OOM killer ended the rank on that host. Raise spark.executor.memoryOverhead (the room for "
+            "Python outside the JVM heap) or spark.executor.pyspark.memory, or spark.executor.memory, or run "
+            "fewer ranks per executor or smaller batches; on a local[N] master the ranks run on the driver's "
+            "machine, whose memory is what ran out")
 
 
 def _innermost_frame(stack: str) -> str:

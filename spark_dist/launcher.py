@@ -7,22 +7,21 @@ the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedEr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
-import shutil
 import os
-import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from . import output, python_daemon, session, tracking
+from . import checkpoint_dirs, output, python_daemon, session, tracking
 from .backends import get_backend
-from .config import CONF_CHECKPOINT_DIR, CONF_RETRY_SLOT_WAIT, RunConfig
+from .config import CONF_RETRY_SLOT_WAIT, CONF_STORE_PORT, RunConfig
 from .pickling import by_value
-from .context import LOG_KEY, PROGRESS_KEY, REPORT_KEYS
+from .context import LOG_KEY, REPORT_KEYS
 from .errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
-from .rendezvous import SignedStore, TaskInfo, bind_listener, host_store
+from .rendezvous import SignedStore, TaskInfo, bind_in_range, host_store
 from .connect_launch import ConnectAttempt
 from .coordinator import Coordinator
 from .outcome import Outcome, outcome_of, worth_retrying
@@ -105,13 +104,13 @@ class Distributor:
         if remote:  # the server's driver addresses are not this client's: local mode binds here
             conf = {k: v for k, v in conf.items() if k not in ("spark.driver.host", "spark.driver.bindAddress")}
         config = RunConfig.build(spark_conf=conf, **self._args)
-        backend = get_backend(config.backend)
+        backend = get_backend(config.backend, config)
         backend.check_available()
         job_bytes = _pickle_job(train_object, args, kwargs)
         if config.local_mode and config.use_gpu:
             from .resources import local_gpu_addresses
 
-            local_gpu_addresses(config.num_processes)
+            local_gpu_addresses(config.num_processes, spark)
         if not config.local_mode and spark is None:
             raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
         self._wait_for_slots(config, spark)
@@ -166,8 +165,8 @@ class Distributor:
 
                 result = cloudpickle.loads(outcome.result_bytes)
                 self._summary(config, attempt, time.monotonic() - started)
-                if config.checkpoint_dir is None and not config.resume:
-                    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # our per-run default: done with it
+                if checkpoint_dirs.removed_after_success(config):  # the driver's own copy (local mode)
+                    checkpoint_dirs.remove(checkpoint_dir)
                 return result
             previous, failures_seen = failures_seen, outcome.failures
             self._bar.close()
@@ -176,7 +175,7 @@ class Distributor:
             if attempt < config.max_retries and worth_retrying(failures_seen, config.num_processes, previous):
                 log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
                             root_cause(failures_seen).headline())
-                backend = get_backend(config.backend)
+                backend = get_backend(config.backend, config)
                 continue
             raise TrainingFailedError(failures_seen, attempt + 1, config.run_id)
         raise AssertionError("unreachable")
@@ -227,10 +226,6 @@ class Distributor:
         if "input_wait_seconds" in record:  # the rank's input statistics, shown in the summary
             self.input_stats.append(record)
             return
-        if PROGRESS_KEY in record:  # where rank 0's loader is: the bar only, not history
-            if self.verbose:
-                self._bar.advance(*record[PROGRESS_KEY])
-            return
         self.history.append(record)
         self._tracker.report(record)
         if self.verbose:
@@ -239,6 +234,11 @@ class Distributor:
                 self._bar.show_metrics(metrics)
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
             print(f"[spark_dist rank {record.get('rank')}] {shown}", flush=True)
+
+    def _on_progress(self, progress) -> None:
+        """Where rank 0's loader is (epoch, step, steps, its steps/s): the bar only, not history."""
+        if self.verbose:
+            self._bar.advance(*progress)
 
     def history_frame(self):
         """The last run's ``ctx.report`` records as a pandas DataFrame, one row per report in the order they
@@ -311,37 +311,24 @@ def _fmt(value) -> str:
 
 
 def _run_checkpoint_dir(config: RunConfig) -> str:
-    """``<root>/<run_id>``: each run its own directory, so a new run never resumes another's checkpoints
-    and concurrent runs never overwrite each other's; naming an earlier ``run_id`` resumes that run.
+    """The run's checkpoint directory as its ranks get it, drawn once per run (its retries resume from it):
+    ``<root>/<run_id>`` under a given root, each run its own, so a new run never resumes another's and
+    naming an earlier ``run_id`` resumes it; else the default's name, which each rank places in its own
+    host's private temp dir (:mod:`~spark_dist.checkpoint_dirs`, which also checks it there each time).
 
     Raises:
-        ConfigError: the run's directory exists but someone else owns it or can write to it (checkpoints
-            are unpickled), naming the key to change.
+        ConfigError: the given root is visible here and the run's directory in it is someone else's or
+            writable by others (checkpoints are unpickled), naming the key to change.
     """
     if config.checkpoint_dir is None:
-        return os.path.join(_private_dir("spark_dist-checkpoints"), config.run_id)
+        return checkpoint_dirs.default_name(config.run_id, named=config.resume)
     path = os.path.join(config.checkpoint_dir, config.run_id)
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.stat(path)
-    except OSError:  # the driver may not mount the executors' shared filesystem: rank 0 creates it
-        return path
-    if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise ConfigError(f"the checkpoint directory {path} is owned or writable by another user, and "
-                          f"checkpoints are unpickled: set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a "
-                          "directory of your own, or use another run_id")
-    return path
-
-
-def _private_dir(name: str) -> str:
-    """``<tmp>/<name>-<uid>``, created owner-only and checked to be ours: checkpoints are unpickled, so a
-    directory someone else could write to must never hold them."""
-    path = os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.lstat(path)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise ConfigError(f"{path} is not a directory only you can use: set {CONF_CHECKPOINT_DIR} "
-                          "(or checkpoint_dir=) to a directory of your own")
+        checkpoint_dirs.check_dir(path)
+    except checkpoint_dirs.CheckpointDirError as exc:
+        raise ConfigError(f"{exc} (or use another run_id)") from None
+    except OSError:  # the driver may not mount the executors' shared filesystem: the ranks make and check it
+        pass
     return path
 
 
@@ -383,7 +370,8 @@ class _Attempt:
         self.group = f"spark_dist-{config.run_id}-{attempt}"
         # Only the port now: the store itself starts once the job is submitted, so the driver's first
         # `import torch` overlaps the tasks' launch instead of delaying it.
-        self._listener = bind_listener(config.bind_address)
+        # On spark.dist.storePort's first free port when set (a firewall opens only those), else any free one.
+        self._listener = bind_in_range(config.bind_address, config.store_ports, CONF_STORE_PORT)
         port = self._listener.getsockname()[1]
         self.spec = LaunchSpec(
             run_id=config.run_id, attempt=attempt,
@@ -391,7 +379,8 @@ class _Attempt:
             use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
             checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
             backend=config.backend, max_result_bytes=config.max_result_bytes,
-            processes_per_task=config.processes_per_task,
+            processes_per_task=config.processes_per_task, relay_output=owner.log_ranks,
+            remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config),
         )
         self._store_server = None
         self.records: List[Any] = []
@@ -413,14 +402,16 @@ class _Attempt:
         coordinator = Coordinator(store, self.config, self.spec, self.backend, job_ended=self.done.is_set,
                                   cancel=self._cancel, on_report=self.owner._on_report, deadline=self.deadline,
                                   host=self.config.driver_host, bind_address=self.config.bind_address,
-                                  on_output=output.printer(self.owner.log_ranks))
+                                  on_output=output.printer(self.owner.log_ranks),
+                                  on_progress=self.owner._on_progress)
         try:
             coordinator.watch(self.done.wait)
             thread.join()
             if self.job_error and not store.has(ABORT):
                 store.put(ABORT, Abort.JOB_FAILED)  # supervisors still running stop their ranks
             coordinator.drain_reports(final=True)
-            coordinator.drain_output()
+            coordinator.drain_output(final=True)
+            coordinator.drain_progress(time.monotonic(), final=True)
             seen = coordinator.seen(self.records, self.job_error[0] if self.job_error else None)
         except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
             store.put(ABORT, Abort.CANCELLED)
@@ -432,7 +423,7 @@ class _Attempt:
             # Dropping the last reference stops the store's server and closes its port.
             del store, coordinator
             self._store_server = None
-        return outcome_of(seen)
+        return outcome_of(dataclasses.replace(seen, store_port=self.spec.store_port))
 
     def _cancel(self) -> None:
         if not self.config.local_mode:
@@ -459,7 +450,7 @@ class _Attempt:
         from .resources import local_gpu_addresses
 
         n = self.config.num_processes
-        gpus = local_gpu_addresses(n) if self.config.use_gpu else [None] * n
+        gpus = local_gpu_addresses(n, self.spark) if self.config.use_gpu else [None] * n
         errors: List[BaseException] = []
 
         def serve(i):

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from .config import CONF_HOST_LOST_TIMEOUT
+from .config import CONF_HOST_LOST_TIMEOUT, CONF_RENDEZVOUS_TIMEOUT, CONF_STORE_PORT
 from .errors import RankFailure, root_cause
 from .protocol import ResultChunk
 from .rendezvous import RankInfo, TaskInfo
@@ -46,6 +46,8 @@ class Seen:
     rendezvous_missing: Tuple[int, ...] = ()      # tasks that never reached the store in time
     job_error: Optional[JobError] = None
     cancelled_here: bool = False                  # spark_dist itself cancelled the job (abort grace, lost host)
+    store_port: int = 0                           # where the run's store listened, on driver_host (0: unknown)
+    store_in_task: bool = False                   # the first task hosted the store (Spark Connect), not the driver
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Outcome:
 
 def outcome_of(seen: Seen) -> Outcome:
     """The attempt's outcome. Each failure's ``seq`` orders it for :func:`~spark_dist.errors.root_cause`."""
+    seen = _on_driver(seen)
     if seen.timed_out:
         return Outcome(failures=_timed_out(seen), timed_out=True)
     if seen.lost_ranks:  # the silent host is the root cause; what its peers reported follows from it
@@ -93,6 +96,15 @@ def outcome_of(seen: Seen) -> Outcome:
     return Outcome(result_bytes=b"".join(data for _, data in chunks))
 
 
+def _on_driver(seen: Seen) -> Seen:
+    """``seen`` with its failures marked ``on_driver`` when the ranks ran on the driver (local mode: no slot
+    has an executor, and all are Spark task 0, see :class:`~spark_dist.rendezvous.TaskInfo`), so that a SIGKILL
+    points to the driver's machine's memory rather than an executor's."""
+    if not seen.tasks or any(t.executor or t.spark_task != 0 for t in seen.tasks):
+        return seen
+    return dataclasses.replace(seen, failures=tuple(dataclasses.replace(f, on_driver=True) for f in seen.failures))
+
+
 def _timed_out(seen: Seen) -> List[RankFailure]:
     message = f"the run exceeded timeout={seen.timeout:g}s"
     hung = [RankFailure(r.rank, r.host, "timeout", message, traceback=seen.stacks[r.rank], seq=r.rank + 1)
@@ -106,11 +118,21 @@ def _timed_out(seen: Seen) -> List[RankFailure]:
 
 
 def _rendezvous_failure(seen: Seen) -> RankFailure:
+    store = f"{seen.driver_host}:{seen.store_port}" if seen.store_port else seen.driver_host
+    # Tasks that ran but could not connect look the same as tasks that never ran: say what to check for both.
+    if seen.store_in_task:
+        address = ("the address is the first task's executor host, where the store lives under Spark Connect: "
+                   "executors must reach each other")
+    else:
+        address = ("the address is spark.driver.host (the driver binds spark.driver.bindAddress where that is "
+                   "set): it must be one the executors can reach, not a loopback or NAT-internal address")
     return RankFailure(
         None, seen.driver_host, "timeout",
-        f"the ranks did not all start within spark.dist.rendezvousTimeout={seen.rendezvous_timeout:g}s "
-        f"(tasks that never reached the run's store at {seen.driver_host}: "
-        f"{', '.join(map(str, seen.rendezvous_missing))})", time=seen.now)
+        f"the ranks did not all start within {CONF_RENDEZVOUS_TIMEOUT}={seen.rendezvous_timeout:g}s "
+        f"(tasks that never reached the run's store at {store}: {', '.join(map(str, seen.rendezvous_missing))}). "
+        f"If they ran, check that every executor can reach {store}: a firewall between them blocks it unless "
+        f"the port is open (pin it with {CONF_STORE_PORT}, a port or a range, and open that); {address}",
+        time=seen.now)
 
 
 def _after(failures: Sequence[RankFailure], offset: int, skip=frozenset()) -> List[RankFailure]:

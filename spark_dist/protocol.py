@@ -3,21 +3,32 @@
 One attempt speaks through the attempt's signed store (see :mod:`spark_dist.rendezvous`), hosted by the driver
 (under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys:
 
-========================  =====================  ==============================================================
-key                       written by             holds
-========================  =====================  ==============================================================
-``task/<index>``          each task              its slots' :class:`~spark_dist.rendezvous.TaskInfo` (where they run)
-``assignment``            the driver             the :class:`Assignment`: every slot's rank and environment
-``abort``                 anyone                 an :class:`Abort` reason: every supervisor stops its rank
-``failure_seq``           a failed rank          a counter: the number of the next failure
-``failure/<n>``           a failed rank          its :class:`~spark_dist.errors.RankFailure`
-``report_seq``            a rank                 a counter: the number of the next report
-``report/<n>``            a rank                 a ``ctx.report`` record (a dict)
-``stack/<rank>``          a supervisor           the rank's Python stack, dumped when the run timed out
-``beat/<rank>``           a supervisor           a counter bumped every second; :data:`BEAT_ENDED` added at the end
-========================  =====================  ==============================================================
+==========================  =====================  ============================================================
+key                         written by             holds
+==========================  =====================  ============================================================
+``task/<index>``            each task              its slots' :class:`~spark_dist.rendezvous.TaskInfo` (where they run)
+``arrived``                 each task              an unsigned counter, bumped after ``task/<index>``: a hint for
+                                                   when to read the tasks (read once, all at once)
+``assignment/<index>``      the driver             the slot's :class:`SlotAssignment` (``None``: the rendezvous
+                                                   was aborted); each task waits on its own key
+``abort``                   anyone                 an :class:`Abort` reason: every supervisor stops its rank
+``reports`` (log)           ranks                  ``ctx.report`` records (dicts), see :mod:`spark_dist.store_log`
+``output`` (log)            supervisors            ``(rank, [(stream, line), ...])``: the lines a rank printed
+``failures`` (log)          supervisors            each failed rank's :class:`~spark_dist.errors.RankFailure`
+``progress``                rank 0                 ``(epoch, step, steps, steps_per_second)`` of its loader,
+                                                   overwritten: the driver's bar shows the latest
+``stack/<rank>``            a supervisor           the rank's Python stack, dumped when the run timed out
+``beat/<rank>``             a supervisor           an unsigned counter bumped every second (only its changes count)
+``ended/<rank>``            a supervisor           ``True`` once the rank has ended (signed: a forged one is
+                                                   absent)
+``succeeded``               the driver             ``True`` once every rank has ended without a failure
+==========================  =====================  ============================================================
 
-and each task's Spark records (what ``collect()`` returns) are :class:`ResultChunk` and :class:`TaskStatus`.
+The logs are the only channel whose volume depends on the user's code, and the driver deletes what it has
+read; every other key holds one small value per task or rank. Unsigned counters (``arrived``, ``beat``) are
+hints: a forged value costs at most one extra read, never a loop over its size.
+
+Each task's Spark records (what ``collect()`` returns) are :class:`ResultChunk` and :class:`TaskStatus`.
 "Task" in these keys and records means a process slot, one rank: a Spark task holding k GPUs serves k of them
 (:attr:`LaunchSpec.processes_per_task`), numbered ``spark_task * k + position``.
 """
@@ -29,23 +40,25 @@ from typing import Any, Dict, Optional, Tuple
 
 from .rendezvous import RankInfo
 
-ASSIGNMENT = "assignment"
 ABORT = "abort"
-FAILURE_SEQ = "failure_seq"
-REPORT_SEQ = "report_seq"
-BEAT_ENDED = 1 << 40  # added to beat/<rank> once the rank has ended
+ARRIVED = "arrived"
+REPORTS = "reports"
+OUTPUT = "output"
+FAILURES = "failures"
+PROGRESS = "progress"
+RUN_SUCCEEDED = "succeeded"
 
 
 def task_key(task_index: int) -> str:
     return f"task/{task_index}"
 
 
-def failure_key(seq: int) -> str:
-    return f"failure/{seq}"
+def assignment_key(task_index: int) -> str:
+    return f"assignment/{task_index}"
 
 
-def report_key(seq: int) -> str:
-    return f"report/{seq}"
+def ended_key(rank: int) -> str:
+    return f"ended/{rank}"
 
 
 def stack_key(rank: int) -> str:
@@ -123,6 +136,10 @@ class LaunchSpec:
     backend: str = "ddp"
     max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
     processes_per_task: int = 1  # ranks each Spark task runs (one per GPU of a multi-GPU task)
+    relay_output: str = "all"  # whose printed lines the driver reads: "all", "rank0" or "none" (log_ranks)
+    # checkpoint_dir is the run's own default (a name under each host's private temp dir, see checkpoint_dirs):
+    # each host removes its copy once the run succeeded. Never set for a given dir or a named run_id.
+    remove_checkpoint_dir: bool = False
 
     @property
     def prefix(self) -> str:
@@ -130,9 +147,8 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
-class Assignment:
-    """The driver's answer to the tasks: each process slot's rank and environment, by slot index
-    (:attr:`~spark_dist.rendezvous.TaskInfo.task_index`)."""
+class SlotAssignment:
+    """The driver's answer to one process slot (``assignment/<task_index>``): its rank and environment."""
 
-    ranks: Tuple[RankInfo, ...]
-    envs: Tuple[Dict[str, str], ...]
+    rank: RankInfo
+    env: Dict[str, str]

@@ -7,6 +7,7 @@ Values we put in the store are signed with a per-run secret and checked before a
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import pickle
@@ -14,12 +15,14 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
+from .errors import ConfigError
 from .resources import visible_devices
 
 
 LAYOUTS = ("host", "task")
+_Bound = TypeVar("_Bound")
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,34 @@ def bind_listener(host: str, port: int = 0) -> socket.socket:
     return sock
 
 
+def bind_in_range(host: str, ports: Optional[Tuple[int, int]], key: str,
+                  bind: Callable[[str, int], _Bound] = bind_listener) -> _Bound:
+    """``bind(host, port)`` on the first free port of ``ports`` (``(first, last)``, both included, as the conf
+    key ``key`` gave them, so that a firewall needs to open only those); ``ports=None``: port 0, any free one.
+
+    Raises:
+        ConfigError: naming ``key`` and the ports: every one is taken on ``host``, or one needs privileges.
+        OSError: any other failure (``host`` is no address of this machine), at once: no port would help.
+    """
+    if ports is None:
+        return bind(host, 0)
+    first, last = ports
+    for port in range(first, last + 1):
+        try:
+            return bind(host, port)
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                raise ConfigError(f"{key}: port {port} on {host} needs privileges this process lacks ({exc}); "
+                                  "use ports above 1023") from None
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    if first == last:
+        raise ConfigError(f"{key}={first}: port {first} is taken on {host}; free it, or give a range (for "
+                          f"example {first}-{min(first + 100, 65535)}) so that another run or attempt can take "
+                          "the next port")
+    raise ConfigError(f"{key}={first}-{last}: every port of the range is taken on {host}; widen the range")
+
+
 class SignedStore:
     """A TCPStore with signed, pickled values under one key prefix.
 
@@ -179,25 +210,88 @@ class SignedStore:
             return False
         return True
 
+    def get_many(self, names: Sequence[str]) -> List[Any]:
+        """The values of ``names`` (which must all exist) in one round trip; a forged one is ``FORGED``."""
+        blobs = self.raw.multi_get([self.key(n) for n in names])
+        return [self._verified(n, blob) for n, blob in zip(names, blobs)]
+
+    def put_many(self, values: Dict[str, Any]) -> None:
+        """``put`` for each name, in one round trip."""
+        names = list(values)
+        blobs = []
+        for name in names:
+            data = pickle.dumps(values[name], protocol=pickle.HIGHEST_PROTOCOL)
+            blobs.append(self._sign(name, data) + data)
+        self.raw.multi_set([self.key(n) for n in names], blobs)
+
+    def _verified(self, name: str, blob: bytes):
+        mac, data = blob[:32], blob[32:]
+        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(name, data)):
+            return FORGED
+        return pickle.loads(data)
+
+    def delete(self, name: str) -> None:
+        self.raw.delete_key(self.key(name))
+
     def counter(self, name: str, increment: int = 1) -> int:
+        """An unsigned counter: anyone who reaches the store can set it to anything, so callers use it only
+        as a hint (whether to look) and never as a count of work to do."""
         return int(self.raw.add(self.key(name), increment))
 
-    def wait_for(self, name: str, timeout: float, abort: Optional[str] = None, poll: float = 0.005):
-        """Wait until ``name`` exists and return its value; ``None`` if ``abort`` appears first.
+    # -- queues: the store log's records (see spark_dist.store_log) ---------------------------------------
+    def push(self, queue: str, value) -> None:
+        """Append ``value``, signed, to the FIFO ``queue``. The store applies a client's requests in order,
+        so a later round trip on this client (``queue_len``) returns only once it is in."""
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        self.raw.queue_push(self.key(queue), self._sign(queue, data) + data)
+
+    def pop(self, queue: str):
+        """The oldest value of ``queue``, removed from the store; ``EMPTY`` when there is none and ``FORGED``
+        for a value we did not sign (removed unread all the same)."""
+        from torch.distributed import QueueEmptyError
+
+        try:
+            blob = self.raw.queue_pop(self.key(queue), False)
+        except QueueEmptyError:
+            return EMPTY
+        return self._verified(queue, blob)
+
+    def queue_len(self, queue: str) -> int:
+        return int(self.raw.queue_len(self.key(queue)))
+
+    def wait_for(self, name: str, timeout: float):
+        """Wait until ``name`` holds a value we signed and return it (the store wakes the waiter: no polling;
+        a forged value is waited past, polling then).
 
         Raises:
-            TimeoutError: neither appeared within ``timeout`` seconds.
+            TimeoutError: no signed value appeared within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
-            if self.has(name):
-                return self.get(name)
-            if abort is not None and self.has(abort):
-                return None
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError(f"waited {timeout:.0f}s for {name!r} in the run's store")
-            time.sleep(poll)
-            poll = min(poll * 1.5, 0.01)  # the assignment follows the last task within ms
+            if not self.raw.check([self.key(name)]):
+                try:
+                    self.raw.wait([self.key(name)], timedelta(seconds=left))
+                except Exception:  # noqa: BLE001 -- torch's DistStoreError on its timeout: checked above
+                    continue
+            value = self._verified(name, self.raw.get(self.key(name)))
+            if value is not FORGED:
+                return value
+            time.sleep(min(0.05, max(left, 0)))  # a forged value sits there: look again until ours replaces it
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+EMPTY = _Marker("EMPTY")  # pop: the queue holds nothing
+FORGED = _Marker("FORGED")  # a value that failed its signature check
 
 
 def host_store(host: str, timeout: float, listener: Optional[socket.socket] = None):

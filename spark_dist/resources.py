@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import List, Optional, Sequence
 
@@ -55,24 +56,58 @@ def cuda_ordinal(address: str) -> int:
     return int(address) if address.isdigit() else 0
 
 
-def local_gpu_addresses(count: int) -> List[str]:
-    """GPUs for ``count`` processes on the driver (local mode).
+def local_gpu_addresses(count: int, spark=None) -> List[str]:
+    """GPUs for ``count`` processes on the driver (local mode), as PySpark's TorchDistributor takes them: on a
+    classic session whose driver has Spark GPUs (``spark.driver.resource.gpu.*``), those
+    (:func:`driver_spark_gpus`); else (no such resources, no session, or Spark Connect, where the ranks run by
+    this client and only its own GPUs count) this process's CUDA_VISIBLE_DEVICES, or CUDA's first devices.
 
     Raises:
-        ClusterConfigError: fewer CUDA devices than processes.
+        ClusterConfigError: fewer GPUs than processes, naming the setting that gives the driver GPUs.
     """
+    if spark is not None and not session.is_connect(spark):
+        gpus = session.driver_resources(spark).get("gpu")
+        if gpus is not None:
+            return driver_spark_gpus(list(gpus.addresses), count)
     import torch
 
     available = torch.cuda.device_count()
     if available < count:
         raise ClusterConfigError(
             f"use_gpu=True with local_mode=True needs {count} GPUs on the driver, found {available}: "
-            "lower num_processes or pass use_gpu=False"
+            "lower num_processes, pass use_gpu=False, or give the driver GPUs (spark.driver.resource.gpu.amount)"
         )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:  # the driver was given some GPUs: hand those on, not the machine's first ones
         return [g.strip() for g in visible.split(",")][:count]
     return [str(i) for i in range(count)]
+
+
+def driver_spark_gpus(addresses: Sequence[str], count: int) -> List[str]:
+    """The first ``count`` of the driver's Spark GPU ``addresses``, as CUDA_VISIBLE_DEVICES names them. Where
+    the driver's own CUDA_VISIBLE_DEVICES is set, an address is a position in it (PySpark's ``_get_gpus_owned``).
+
+    Raises:
+        ClusterConfigError: fewer addresses than ``count``, or addresses that are not CUDA device indices.
+    """
+    if len(addresses) < count:
+        raise ClusterConfigError(
+            f"use_gpu=True with local_mode=True needs {count} GPUs on the driver, but its Spark resources have "
+            f"{len(addresses)} ({', '.join(addresses)}): lower num_processes, or raise "
+            "spark.driver.resource.gpu.amount (and the GPUs its discovery script finds)")
+    if not all(re.fullmatch(r"0|[1-9][0-9]*", a) for a in addresses):
+        raise ClusterConfigError(
+            f"the driver's Spark GPU addresses {list(addresses)} are not CUDA device indices (integers without "
+            "leading zeros), which CUDA_VISIBLE_DEVICES needs: fix spark.driver.resource.gpu.discoveryScript")
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return list(addresses[:count])
+    visible = [g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    if any(int(a) >= len(visible) for a in addresses[:count]):
+        raise ClusterConfigError(
+            f"the driver's Spark GPU addresses {list(addresses)} are positions in its CUDA_VISIBLE_DEVICES="
+            f"{os.environ['CUDA_VISIBLE_DEVICES']!r}, which lists fewer GPUs: fix "
+            "spark.driver.resource.gpu.discoveryScript or the driver's CUDA_VISIBLE_DEVICES")
+    return [visible[int(a)] for a in addresses[:count]]
 
 
 def visible_devices(gpus_in_local_rank_order: Sequence[Sequence[str]]) -> str:

@@ -22,11 +22,12 @@ import time
 import traceback
 from typing import Any, Dict, Iterator, List, Optional
 
-from . import output, tempdirs
+from . import checkpoint_dirs, output, tempdirs
 from .errors import RankFailure
-from .protocol import (ABORT, ASSIGNMENT, BEAT_ENDED, FAILURE_SEQ, REPORT_SEQ, Abort, Job, LaunchSpec, ResultChunk,
-                       TaskOutcome, TaskStatus, beat_key, failure_key, report_key, stack_key, task_key)
+from .protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, Abort, Job, LaunchSpec, ResultChunk, TaskOutcome,
+                       TaskStatus, assignment_key, beat_key, ended_key, stack_key, task_key)
 from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of, join_store
+from .store_log import StoreLog
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
@@ -75,26 +76,27 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
     store = signed_store(spec)
     for slot in slots:
         store.put(task_key(slot.task_index), slot)
-    # The driver declares the rendezvous timeout (and names the tasks that never came); this wait is only a
-    # backstop should the driver be gone, so it must not win the race against the driver's abort.
-    assignment = store.wait_for(ASSIGNMENT, spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S, abort=ABORT)
-    if assignment is None:
+        store.counter(ARRIVED)  # after the value: the driver reads all tasks once the count says they came
+    assignments = _assignments(store, spec, slots)
+    if assignments is None:
         for slot in slots:
             yield TaskStatus(slot.task_index, TaskOutcome.ABORTED)
         return
     _preload(spec.backend)
     started = []  # (slot, rank, child, workdir)
+    workdirs = []  # every work directory made, including one whose child failed to start
     supervised = False
     try:
         # Every child starts before any supervisor thread does: a fork while another thread holds a lock
         # (a stream's, the logging module's) would leave that lock held forever in the child.
-        for slot in slots:
-            rank = assignment.ranks[slot.task_index]
-            env = _with_gloo_interface(assignment.envs[slot.task_index], slot.host)
-            workdir = tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}")
-            started.append((slot, rank, start_child(spec, rank, env, workdir), workdir))
+        for slot, assignment in zip(slots, assignments):
+            rank = assignment.rank
+            env = _with_gloo_interface(assignment.env, slot.host)
+            workdirs.append(tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}"))
+            started.append((slot, rank, start_child(spec, rank, env, workdirs[-1]), workdirs[-1]))
         outcomes = _supervise_all(started, store, spec, in_executor)
         supervised = True
+        checkpoint_dirs.remove_after_success(spec, store, outcomes)  # once the whole run succeeded
         for (slot, rank, _, workdir), outcome in zip(started, outcomes):
             if outcome is TaskOutcome.OK and rank.rank == 0:
                 result = _read_file(os.path.join(workdir, "result.pkl"))
@@ -103,12 +105,29 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
             yield TaskStatus(slot.task_index, outcome)
     finally:
         ranks_trained = any(os.path.exists(os.path.join(workdir, _IMPORTED_DYNAMO)) for *_, workdir in started)
-        for _, _, child, workdir in started:
-            if not supervised:  # a sibling's start failed: the children already running end here
+        if not supervised:  # a start failed (or supervision did): the children already running end here,
+            for _, _, child, _ in started:  # reaped, so none is left a zombie of this long-lived worker
                 child.kill()
+                child.reap()
+        for workdir in workdirs:
             shutil.rmtree(workdir, ignore_errors=True)
         if in_executor and ranks_trained:
             _warm_for_next_run()
+
+
+def _assignments(store: SignedStore, spec: LaunchSpec, slots: List[TaskInfo]):
+    """Each slot's :class:`~spark_dist.protocol.SlotAssignment`, waited for on its own key (the store wakes
+    the waiter); ``None`` when the driver aborted the rendezvous. The driver declares the rendezvous timeout
+    (and names the tasks that never came); this wait is only a backstop should the driver be gone, so it
+    must not win the race against the driver's abort."""
+    deadline = time.monotonic() + spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S
+    assignments = []
+    for slot in slots:
+        assignment = store.wait_for(assignment_key(slot.task_index), max(deadline - time.monotonic(), 0.001))
+        if assignment is None:
+            return None
+        assignments.append(assignment)
+    return assignments
 
 
 def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[Any]:
@@ -272,6 +291,18 @@ class _ChildProcess:
         except ProcessLookupError:
             pass
 
+    def reap(self) -> None:
+        """Wait for the (killed) child and close its pipes: nothing of it is left in this process."""
+        try:
+            self.wait()
+        except ChildProcessError:  # already reaped
+            pass
+        for fd in (self.stdout_fd, self.stderr_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
 
 _ABORT_REPORT_GRACE_S = 0.5
 
@@ -280,7 +311,9 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
                workdir: str, in_executor: bool = True) -> TaskOutcome:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
     report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.output`)."""
-    lines = output.LineBuffer()
+    # Lines are buffered and published only when the driver shows them; the stderr tail always stays.
+    lines = output.LineBuffer() if output.relays(spec.relay_output, rank.rank) else None
+
     def log(stream):
         return getattr(stream, "buffer", None) if in_executor else None
 
@@ -288,7 +321,7 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
     readers = [tail, output.StreamReader(child.stdout_fd, "stdout", lines, log(sys.stdout))]
     for reader in readers:
         reader.start()
-    publisher = output.Publisher(store, rank.rank, lines)
+    publisher = output.Publisher(store, rank.rank, lines) if lines is not None else None
     exit_code = []
     waiter = threading.Thread(target=lambda: exit_code.append((child.wait(), time.time())), daemon=True)
     waiter.start()
@@ -302,7 +335,8 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
             if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
                 store.counter(beat_key(rank.rank))
                 next_beat = time.monotonic() + HEARTBEAT_S
-            publisher.publish()
+            if publisher is not None:
+                publisher.publish()
             if waiter.is_alive() and store.has(ABORT):
                 aborted = True
                 if store.get(ABORT) == Abort.TIMEOUT:
@@ -319,16 +353,17 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
         child.kill()
         waiter.join()
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
-    for reader in readers:  # the pipes' last lines (also those printed just before a SIGKILL)
+    if publisher is not None:  # the pipes' last lines (also those printed just before a SIGKILL)
+        publisher.flush(readers)
+    for reader in readers:
         reader.join(timeout=2.0)
-    publisher.publish(final=True)
     try:
         return _conclude(store, rank, workdir, exit_code[0], aborted, tail)
     finally:
         # The last write: under Spark Connect the first task stops watching (and drops the store) once every
         # rank has ended, so the failure report must be in the store before this.
         try:
-            store.counter(beat_key(rank.rank), BEAT_ENDED)  # no more beats: ended, not lost
+            store.put(ended_key(rank.rank), True)  # no more beats: ended, not lost
         except Exception:  # noqa: BLE001 -- the driver's store may be gone already
             pass
 
@@ -357,8 +392,7 @@ def _conclude(store: SignedStore, rank: RankInfo, workdir: str, exit_code, abort
     else:
         failure = RankFailure(rank.rank, rank.host, "exit", "the rank process exited unexpectedly",
                               exit_code=code, traceback=tail.text()[-4000:], time=ended)
-    failure.seq = store.counter(FAILURE_SEQ)
-    store.put(failure_key(failure.seq), failure)
+    StoreLog(store, FAILURES, writer=f"supervisor{rank.rank}").append(failure)
     store.put(ABORT, Abort.RANK_FAILED)
     return TaskOutcome.FAILED
 
@@ -508,7 +542,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout
     if spec.collective_timeout:
         _set_collective_timeout(spec.collective_timeout)
-    reporter = _Reporter(spec)
+    reporter = _Reporter(spec, rank.rank)
     ctx = context.TrainContext(
         rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
         local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
@@ -610,14 +644,23 @@ def _write_private(path: str, data: bytes) -> None:
 
 
 class _Reporter:
-    """Sends ``ctx.report`` metrics to the driver through the run's store (connected on first use)."""
+    """Sends ``ctx.report`` records to the driver through the run's ``reports`` log, and rank 0's loader
+    progress as one overwritten value (connected on first use)."""
 
-    def __init__(self, spec: LaunchSpec):
-        self._spec = spec
-        self._store = None
+    def __init__(self, spec: LaunchSpec, rank: int):
+        self._spec, self._rank = spec, rank
+        self._store: Optional[SignedStore] = None
+        self._log: Optional[StoreLog] = None
 
-    def __call__(self, record: dict) -> None:
+    def _connected(self) -> SignedStore:
         if self._store is None:
             self._store = signed_store(self._spec)
-        seq = self._store.counter(REPORT_SEQ)
-        self._store.put(report_key(seq), record)
+            self._log = StoreLog(self._store, REPORTS, writer=f"rank{self._rank}")
+        return self._store
+
+    def __call__(self, record: dict) -> None:
+        self._connected()
+        self._log.append(record)
+
+    def progress(self, value: tuple) -> None:
+        self._connected().put(PROGRESS, value)

@@ -243,6 +243,11 @@ class SparkManager:
         with open(self.two_gpu_script, "w") as f:
             f.write(f"#!/usr/bin/env bash\nFAKE_GPUS_PER_WORKER=2 exec {self.gpu_script}\n")
         os.chmod(self.two_gpu_script, 0o755)
+        # The local-cluster driver's two GPUs, always "0" and "1": a fixed address leaves the workers' counter alone.
+        self.driver_gpu_script = os.path.join(tmpdir, "driver_fake_gpus.sh")
+        with open(self.driver_gpu_script, "w") as f:
+            f.write(f"#!/usr/bin/env bash\nFAKE_GPU_ADDRESS=0 FAKE_GPUS_PER_WORKER=2 exec {self.gpu_script}\n")
+        os.chmod(self.driver_gpu_script, 0o755)
         os.environ["FAKE_GPU_COUNTER"] = self.gpu_counter  # read by local-cluster workers
         self.kind = None
         self.spark = None
@@ -302,6 +307,9 @@ class SparkManager:
                 "spark.worker.resource.gpu.discoveryScript": self.gpu_script,
                 "spark.executor.resource.gpu.amount": "1",
                 "spark.task.resource.gpu.amount": "1",
+                # The driver's own GPUs, which local-mode runs take (PySpark's TorchDistributor's way).
+                "spark.driver.resource.gpu.amount": "2",
+                "spark.driver.resource.gpu.discoveryScript": self.driver_gpu_script,
             })
         elif kind == MULTI_GPU_TASKS:
             conf.update({

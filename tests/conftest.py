@@ -3,7 +3,8 @@
 Fixtures (use at most one spark_* fixture per test: only one SparkContext can live in a process):
   spark_local          SparkSession on local[2]
   spark_local_cluster  SparkSession on local-cluster[2,1,1024]: 2 executor JVMs, 1 core and
-                       1 fake GPU each (addresses "0" and "1"), 1 GPU per task
+                       1 fake GPU each (addresses "0" and "1"), 1 GPU per task; the driver
+                       has 2 fake GPUs of its own ("0", "1": spark.driver.resource.gpu.*)
   spark_multi_gpu_tasks  SparkSession on local-cluster[2,1,1024] with 2 fake GPUs per executor ("0","1"
                        and "2","3") and 2 GPUs per task
   spark_standalone     SparkSession on the standalone cluster below (2 executors, 1 core each)

@@ -40,7 +40,13 @@ def test_a_script_runs_through_connect(spark_connect, tmp_path):
     script.write_text("import os, sys\nimport torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo')\nt = torch.ones(1)\ndist.all_reduce(t)\n"
                       "open(sys.argv[1] + '/rank' + os.environ['RANK'], 'w').write(str(float(t)))\n")
-    assert Distributor(num_processes=2, verbose=False).run(str(script), str(tmp_path)) is None
+    # The user's own job description is theirs: the run neither replaces nor unsets it.
+    spark_connect.conf.set("spark.job.description", "my nightly training")
+    try:
+        assert Distributor(num_processes=2, verbose=False).run(str(script), str(tmp_path)) is None
+        assert spark_connect.conf.get("spark.job.description") == "my nightly training"
+    finally:
+        spark_connect.conf.unset("spark.job.description")
     assert sorted(p.read_text() for p in tmp_path.glob("rank*")) == ["2.0", "2.0"]
 
 

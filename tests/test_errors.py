@@ -24,6 +24,21 @@ def test_signal_death_is_named():
     assert "rank 1 on host h was killed by signal SIGKILL (9)" in str(error)
 
 
+def test_a_sigkill_points_to_the_memory_settings_of_where_the_rank_ran():
+    # Nothing catches SIGKILL: its usual sender is an OOM killer or a container's memory limit.
+    in_task = str(TrainingFailedError([RankFailure(1, "h", "signal", "killed", signal=signal.SIGKILL)]))
+    assert "was killed by signal SIGKILL (9): this is usually memory" in in_task
+    for key in ("spark.executor.memoryOverhead", "spark.executor.pyspark.memory", "spark.executor.memory"):
+        assert key in in_task
+    on_driver = RankFailure(1, "h", "signal", "killed", signal=signal.SIGKILL, on_driver=True)
+    local = str(pickle.loads(pickle.dumps(TrainingFailedError([on_driver]))))  # the mark survives the trip
+    assert "the machine running out of memory" in local and "local_mode=True" in local
+    assert "spark.driver.memory" in local and "spark.executor" not in local
+    # Another signal was sent on purpose by someone: no guess.
+    other = RankFailure(1, "h", "signal", "killed", signal=signal.SIGTERM).headline()
+    assert other == "rank 1 on host h was killed by signal SIGTERM (15)"
+
+
 def test_training_failed_error_round_trips_through_pickle_with_its_cause():
     import cloudpickle
 

@@ -14,7 +14,10 @@ import pytest
 from spark_dist import ConfigError, Distributor, HorovodRunner, TrainingFailedError, get_context
 from spark_dist.backends.horovod import HorovodBackend
 from spark_dist.errors import BackendUnavailableError
-from spark_dist.rendezvous import TaskInfo, assign_ranks
+from spark_dist.config import CONF_HOROVOD_RENDEZVOUS_PORT
+from spark_dist.rendezvous import TaskInfo, assign_ranks, bind_listener
+
+from free_ports import free_ports, session_conf
 
 try:
     import horovod.torch  # noqa: F401
@@ -36,7 +39,8 @@ def describe_ranks():
           ctx.rank, ctx.local_rank]
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, name="total")
     views = hvd.allgather(torch.tensor([me]), name="views")  # one row per rank, in rank order
-    return {"total": float(total), "views": views.tolist(), "iface": os.environ.get("HOROVOD_GLOO_IFACE")}
+    return {"total": float(total), "views": views.tolist(), "iface": os.environ.get("HOROVOD_GLOO_IFACE"),
+            "rendezvous_port": os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")}
 
 
 def train_linear(steps=40):
@@ -133,7 +137,13 @@ def _check_ranks(out):
 
 @needs_horovod
 def test_hvd_init_just_works_local(spark_local):
-    _check_ranks(Distributor(2, backend="horovod", verbose=False).run(describe_ranks))
+    # With spark.dist.horovod.rendezvousPort set (a firewall), hvd.init() met on the range's first free port.
+    first = free_ports(2)
+    with bind_listener("127.0.0.1", first), session_conf(spark_local, CONF_HOROVOD_RENDEZVOUS_PORT,
+                                                         f"{first}-{first + 1}"):
+        out = Distributor(2, backend="horovod", verbose=False).run(describe_ranks)
+    _check_ranks(out)
+    assert out["rendezvous_port"] == str(first + 1)
 
 
 @needs_horovod

@@ -129,11 +129,21 @@ def killed_by_signal():
     time.sleep(600)
 
 
+def kill_this_process():  # one rank that dies at once: no torch to import, no peer to abort
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def test_a_rank_killed_by_a_signal_is_reported_as_such(spark_local):
     with pytest.raises(TrainingFailedError) as info:
         Distributor(num_processes=2, verbose=False).run(killed_by_signal)
     assert info.value.rank == 1 and info.value.signal == signal.SIGKILL
     assert "rank 1 on host 127.0.0.1 was killed by signal SIGKILL" in str(info.value)
+    assert "this is usually memory" in str(info.value) and "spark.executor.memoryOverhead" in str(info.value)
+    # A local-mode rank is a process of the driver: its machine's memory, and the driver's settings.
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=1, local_mode=True, verbose=False).run(kill_this_process)
+    assert info.value.rank == 0 and info.value.signal == signal.SIGKILL
+    assert "the machine running out of memory" in str(info.value) and "spark.driver.memory" in str(info.value)
 
 
 def test_get_context_outside_a_run_says_where_it_works():
@@ -215,8 +225,12 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
     spark_local.conf.set("spark.dist.rendezvousTimeout", "1s")
     started = time.monotonic()
     try:
+        # The store's host:port, and what to check when executors cannot reach it (a firewall: pin the port).
         with pytest.raises(TrainingFailedError, match=r"did not all start within spark\.dist\.rendezvousTimeout=1s "
-                                                      r"\(tasks that never reached the run's store at .*: 1\)"):
+                                                      r"\(tasks that never reached the run's store at "
+                                                      r"127\.0\.0\.1:(\d+): 1\)\. If they ran, check that every "
+                                                      r"executor can reach 127\.0\.0\.1:\1: a firewall.*"
+                                                      r"spark\.dist\.storePort.*spark\.driver\.host"):
             Distributor(num_processes=2, local_mode=True, verbose=False, spark=spark_local).run(os.getpid)
     finally:
         spark_local.conf.unset("spark.dist.rendezvousTimeout")

@@ -125,8 +125,16 @@ def test_the_messages_say_what_happened():
     [unmapped] = outcome_of(seen(job_error=LOST_EXECUTOR, tasks=(), ranks=())).failures
     assert unmapped.host == "executor 0" and unmapped.message.startswith("its Spark task (barrier task 2) failed")
     [rendezvous] = outcome_of(seen(rendezvous_missing=(1, 3), ranks=(), tasks=())).failures
-    assert rendezvous.message == ("the ranks did not all start within spark.dist.rendezvousTimeout=300s (tasks that "
-                                  "never reached the run's store at d: 1, 3)")
+    assert rendezvous.message.startswith("the ranks did not all start within spark.dist.rendezvousTimeout=300s "
+                                         "(tasks that never reached the run's store at d: 1, 3). ")
+    # With the store's port known: host:port, what to check, and the keys that change it.
+    [rendezvous] = outcome_of(seen(rendezvous_missing=(1,), ranks=(), tasks=(), store_port=29500)).failures
+    assert "(tasks that never reached the run's store at d:29500: 1). If they ran, check that every executor " \
+           "can reach d:29500: a firewall" in rendezvous.message
+    assert "spark.dist.storePort" in rendezvous.message and "spark.driver.host" in rendezvous.message
+    [connect] = outcome_of(seen(rendezvous_missing=(1,), ranks=(), tasks=(), store_port=29500,
+                                store_in_task=True)).failures
+    assert "first task's executor host" in connect.message and "spark.driver.host" not in connect.message
     silent = outcome_of(seen(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2,))).failures[0]
     assert silent.host == "h2" and "no heartbeat from its ranks for 10s (spark.dist.hostLostTimeout)" in silent.message
 

@@ -105,6 +105,23 @@ def test_each_gpu_task_sees_only_its_own_gpu(spark_local_cluster, cls):
 
 
 @pytest.mark.parametrize("cls", CLASSES)
+def test_local_mode_ranks_share_the_drivers_spark_gpus(spark_local_cluster, cls):
+    # The driver holds two fake GPUs ("0", "1": spark.driver.resource.gpu.*) and CUDA sees none: the ranks take
+    # the driver's Spark GPUs, one node that sees them all (PySpark picks them in a random order).
+    d = cls(num_processes=3, local_mode=True, use_gpu=True)
+    assert d.num_processes == 2  # more ranks than the driver's GPUs: the constructor lowers it, with a warning
+    views = d.run(rank_view, 1.0)["views"]
+    assert [(v["RANK"], v["LOCAL_RANK"], v["LOCAL_WORLD_SIZE"]) for v in views] == [("0", "0", "2"), ("1", "1", "2")]
+    visible = {v["CUDA_VISIBLE_DEVICES"] for v in views}
+    assert len(visible) == 1 and sorted(visible.pop().split(",")) == ["0", "1"]
+    d.num_processes = 3  # raised past the constructor's check: the run refuses (PySpark: random.sample's error)
+    with pytest.raises(ValueError) as raised:
+        d.run(rank_view, 1.0)
+    if cls is TorchDistributor:
+        assert "spark.driver.resource.gpu.amount" in str(raised.value)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
 def test_tasks_of_two_gpus(spark_multi_gpu_tasks, cls):
     assert cls(num_processes=4, local_mode=False, use_gpu=True).num_tasks == 2
     if cls is PySparkTorchDistributor and not PYSPARK_4_2:

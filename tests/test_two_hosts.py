@@ -5,6 +5,7 @@ address then breaks its mesh across hosts, which spark_dist avoids by naming the
 Spark address.
 """
 import os
+import tempfile
 import time
 
 import pytest
@@ -20,6 +21,9 @@ def where_am_i():
     mine = {key: os.environ.get(key) for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                                    "GROUP_RANK", "MASTER_ADDR", "GLOO_SOCKET_IFNAME")}
     mine["host"] = ctx.host
+    ctx.save_checkpoint({"step": 1})  # rank 0, in the run's default checkpoint dir on its own host
+    mine["checkpoint"] = (tempfile.gettempdir(), ctx.checkpoint_dir,
+                          os.path.exists(os.path.join(ctx.checkpoint_dir, "checkpoint.pt")))
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)  # gloo's full mesh, across the two hosts
     total = torch.ones(1)
@@ -28,7 +32,7 @@ def where_am_i():
     return {"ranks": everyone, "sum": float(total)}
 
 
-def test_ranks_on_two_hosts_get_torchrun_variables_and_a_working_gloo_mesh(spark_two_hosts):
+def test_ranks_on_two_hosts_get_torchrun_variables_and_a_working_gloo_mesh(spark_two_hosts, spark_manager):
     out = Distributor(num_processes=2, verbose=False).run(where_am_i)
     assert out["sum"] == 2.0
     by_rank = sorted(out["ranks"], key=lambda r: int(r["RANK"]))
@@ -38,6 +42,13 @@ def test_ranks_on_two_hosts_get_torchrun_variables_and_a_working_gloo_mesh(spark
             str(node), "0", "2", "1", str(node))
         assert r["MASTER_ADDR"] == "10.213.0.1"  # the driver's store, on the driver's address
         assert r["GLOO_SOCKET_IFNAME"] == "eth0"  # the namespace's interface, not loopback
+        # The default checkpoint dir: on the rank's own host, in its private temp dir (never a path the driver
+        # computed), and removed from each host once the run succeeded (the driver never sees these disks).
+        host_tmp, checkpoint_dir, saved = r["checkpoint"]
+        assert host_tmp == spark_manager.hosts_cluster.host_tmp[r["host"]]
+        assert os.path.dirname(checkpoint_dir) == os.path.join(host_tmp, f"spark_dist-{os.getuid()}")
+        assert saved == (node == 0)
+        assert not os.path.exists(checkpoint_dir)
 
 
 def my_labels():

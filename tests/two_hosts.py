@@ -73,6 +73,9 @@ class TwoHostCluster(StandaloneCluster):
         # A directory only the driver sees: each worker's mount namespace (ip netns exec makes one) has an
         # empty tmpfs over it, as a path that is not a shared mount looks from other machines.
         self.driver_only_dir = os.path.join(tmpdir, "driver-only")
+        # Each host's own temp dir (TMPDIR of its worker and of the executors and Python processes under it), as
+        # separate machines have: what a run leaves on a host shows there, apart from the driver's temp dir.
+        self.host_tmp = {address: os.path.join(tmpdir, f"tmp-{ns}") for ns, _, address in HOSTS}
 
     def start(self):
         # The namespaces, links and addresses have fixed names: a test run of the other Spark line (make test
@@ -94,12 +97,14 @@ class TwoHostCluster(StandaloneCluster):
             for i, (ns, _, address) in enumerate(HOSTS):
                 work_dir = os.path.join(self.tmpdir, f"worker-{ns}")
                 os.makedirs(work_dir, exist_ok=True)
+                os.makedirs(self.host_tmp[address], exist_ok=True)
                 self.workers.append(self._spawn(
                     f"worker-{ns}",
                     ["org.apache.spark.deploy.worker.Worker", "--host", address, "--cores", "1",
                      "--memory", self.memory, "--webui-port", str(free_port()), "--work-dir", work_dir,
                      self.master_url],
-                    extra_env={"SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address},
+                    extra_env={"SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address,
+                               "TMPDIR": self.host_tmp[address]},
                     prefix=("ip", "netns", "exec", ns, *hide)))
             self._wait_for_workers("workers in both namespaces to register", timeout=120)
         except BaseException:

@@ -23,6 +23,9 @@ class Backend:
 
     name = "base"
 
+    def __init__(self, config=None):
+        self.config = config  # the run's RunConfig (None where only check_available is asked)
+
     def check_available(self) -> None:
         """Raise :class:`~spark_dist.errors.BackendUnavailableError` when the backend cannot run here."""
 
@@ -60,8 +63,9 @@ def torchrun_env(rank: RankInfo, store_host: str, store_port: int, attempt: int,
     return env
 
 
-def get_backend(name: str) -> Backend:
-    """A fresh backend instance by name.
+def get_backend(name: str, config=None) -> Backend:
+    """A fresh backend instance by name, for the run ``config`` (a RunConfig: its settings, such as
+    ``horovod_rendezvous_ports``; ``None`` for a backend only asked whether it is available).
 
     Raises:
         ConfigError: unknown name (the message lists the known ones).
@@ -71,4 +75,4 @@ def get_backend(name: str) -> Backend:
     except KeyError:
         raise ConfigError(f"backend must be one of {', '.join(sorted(_REGISTRY))}, got {name!r}") from None
     module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    return getattr(importlib.import_module(module_name), class_name)(config)

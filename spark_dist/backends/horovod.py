@@ -2,6 +2,13 @@
 variables ``horovodrun --gloo`` / ``horovod.spark.run`` would set, so ``hvd.init()`` with no arguments
 just works inside the training function.
 
+Ports: the rendezvous server is the only listener Horovod needs on the driver (under Spark Connect: on the
+first task's executor); it binds the first free port of ``spark.dist.horovod.rendezvousPort`` when set, else
+any free one. Horovod's own driver and task services (``horovodrun``, ``horovod.spark.run``) are not used.
+What stays ephemeral is the ranks' traffic among themselves: gloo's full mesh, which each rank opens on ports
+of its own host's choosing when ``hvd.init()`` runs (as DDP's gloo and NCCL do), so executors must be able to
+reach each other on any port.
+
 Horovod is imported only when this backend is chosen; its import is the availability check.
 """
 from __future__ import annotations
@@ -11,8 +18,9 @@ import socket
 import threading
 from typing import Dict, List, Optional
 
+from ..config import CONF_HOROVOD_RENDEZVOUS_PORT
 from ..errors import BackendUnavailableError
-from ..rendezvous import RankInfo
+from ..rendezvous import RankInfo, bind_in_range
 from .base import Backend
 
 INSTALL_HINT = (
@@ -27,7 +35,8 @@ class HorovodBackend(Backend):
 
     name = "horovod"
 
-    def __init__(self):
+    def __init__(self, config=None):
+        super().__init__(config)
         self._server = None
         self._thread: Optional[threading.Thread] = None
 
@@ -50,12 +59,14 @@ class HorovodBackend(Backend):
     def start(self, ranks: List[RankInfo], driver_host: str, run_id: str,
               bind_address: Optional[str] = None) -> Dict[int, Dict[str, str]]:
         """Start the rendezvous server on ``bind_address`` (that address only; default ``driver_host``, which
-        is what the ranks connect to) for this host plan.
+        is what the ranks connect to) for this host plan, on the first free port of the run's
+        ``spark.dist.horovod.rendezvousPort`` (any free port when unset).
 
         Returns:
             The Horovod variables for every rank, by rank number.
 
         Raises:
+            ConfigError: every port ``spark.dist.horovod.rendezvousPort`` allows is taken, naming the key.
             OSError: the server cannot bind ``bind_address``.
         """
         from horovod.runner.common.util.hosts import SlotInfo
@@ -64,7 +75,10 @@ class HorovodBackend(Backend):
         plan = [SlotInfo(hostname=r.host, rank=r.rank, local_rank=r.local_rank, cross_rank=r.cross_rank,
                          size=r.world_size, local_size=r.local_world_size, cross_size=r.cross_size)
                 for r in sorted(ranks, key=lambda r: r.rank)]
-        self._server = _server_class()((bind_address or driver_host, 0), RendezvousHandler)
+        ports = self.config.horovod_rendezvous_ports if self.config is not None else None
+        server_class = _server_class()
+        self._server = bind_in_range(bind_address or driver_host, ports, CONF_HOROVOD_RENDEZVOUS_PORT,
+                                     lambda host, port: server_class((host, port), RendezvousHandler))
         # init() sizes each scope (global, local_<host>, cross_<local rank>), so the server can clear a
         # scope once all its members are done with it.
         self._server.init(plan)
