@@ -2,6 +2,7 @@
 where forking is unsafe spawns a fresh interpreter instead."""
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -118,3 +119,38 @@ def test_a_ranks_exit_handlers_run_and_a_crash_after_the_result_is_a_warning(spa
     assert d.run(register_exit_work, marker, True) == "trained"  # the result had arrived: kept
     if local_mode:  # ranks on the driver: their supervisor's warning is on the driver's stderr
         assert "after delivering its result; the result is kept" in capfd.readouterr().err
+
+
+def test_a_task_whose_second_rank_fails_to_start_reaps_the_first_and_leaves_no_work_dir(tmp_path, monkeypatch):
+    from spark_dist.protocol import LaunchSpec, SlotAssignment, assignment_key
+    from spark_dist.rendezvous import RankInfo, SignedStore, TaskInfo, host_store
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the task makes its ranks' work dirs
+    server, port = host_store("127.0.0.1", 10.0)
+    spec = LaunchSpec(run_id="start-fails", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
+                      secret=b"s" * 32, rendezvous_timeout=10.0)
+    driver = SignedStore(server, spec.secret, spec.prefix)
+    slots = [TaskInfo(i, "127.0.0.1", (), "", 0) for i in range(2)]
+    driver.put_many({assignment_key(i): SlotAssignment(RankInfo(i, i, 2, 2, 0, 1, "127.0.0.1"), {})
+                     for i in range(2)})
+    started = []
+
+    def start_child(spec, rank, env, workdir):
+        if rank.rank == 1:
+            raise OSError("no more processes")
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a rank that would run for a minute
+            os.setpgid(0, 0)
+            os.execvp("sleep", ["sleep", "60"])
+        os.close(out_write)
+        os.close(err_write)
+        started.append(pid)
+        return worker._ChildProcess(pid, out_read, err_read)
+
+    with pytest.raises(OSError, match="no more processes"):
+        list(worker.serve_task(spec, slots, start_child))
+    with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left in this long-lived worker
+        os.waitpid(started[0], os.WNOHANG)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("spark_dist-rank-")] == []
