@@ -19,7 +19,9 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from anywhere; imported by the tests, the path is there already
+    sys.path.append(_ROOT)
 
 from spark_dist.backends.base import Backend  # noqa: E402
 from spark_dist.config import RunConfig  # noqa: E402

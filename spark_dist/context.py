@@ -80,13 +80,17 @@ class TrainContext:
         self._progress_sent = now
         elapsed = now - self._progress_started
         rate = (step - 1) / elapsed if step > 1 and elapsed > 0 else None
-        self._reporter.progress((epoch, step, steps, rate))
+        # The driver reads the latest value only, so each value names the last epoch finished before this one.
+        self._reporter.progress((epoch, step, steps, rate, self._progress_finished))
+        if step >= steps:
+            self._progress_finished = (epoch, steps, rate)
 
     def _report_head(self) -> Dict[str, Any]:
         return {"rank": self.rank, "attempt": self.attempt, "time": time.time()}  # REPORT_KEYS
 
     _progress_sent = 0.0
     _progress_epoch = None
+    _progress_finished = None  # (epoch, steps, rate) of the last epoch rank 0 finished
     _progress_started = 0.0
 
     # -- metrics ----------------------------------------------------------------------------------------

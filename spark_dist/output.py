@@ -292,8 +292,13 @@ class ProgressBar:
         self._rate: Optional[float] = None
         self._metrics: Dict[str, float] = {}
 
-    def advance(self, epoch: int, step: int, steps: int, rate: Optional[float] = None) -> None:
-        """Show ``step`` of ``steps`` in ``epoch``; ``rate``: steps per second as rank 0 measured them."""
+    def advance(self, epoch: int, step: int, steps: int, rate: Optional[float] = None,
+                finished: Optional[tuple] = None) -> None:
+        """Show ``step`` of ``steps`` in ``epoch``; ``rate``: steps per second as rank 0 measured them;
+        ``finished``: ``(epoch, steps, rate)`` of the last epoch rank 0 finished, drawn complete first if this
+        bar never showed its end (an epoch shorter than the driver's read interval)."""
+        if finished is not None and finished[0] != epoch and (self._epoch is None or finished[0] > self._epoch):
+            self.advance(finished[0], finished[1], finished[1], finished[2])
         if self._bar is None:
             try:
                 from tqdm.auto import tqdm

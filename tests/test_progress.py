@@ -28,14 +28,14 @@ def test_rank_0_measures_its_own_steps_per_second(monkeypatch):
     for step in range(1, 24):  # a 23-step epoch at 10 steps/s
         ctx._progress(0, step, 23)
         clock.now += 0.1
-    epoch, step, steps, rate = sent[-1]
-    assert (epoch, step, steps) == (0, 23, 23) and abs(rate - 10.0) < 1e-6
+    epoch, step, steps, rate, finished = sent[-1]
+    assert (epoch, step, steps) == (0, 23, 23) and abs(rate - 10.0) < 1e-6 and finished is None
     assert len(sent) <= 23 * 0.1 / context.PROGRESS_EVERY_S + 2  # at most every PROGRESS_EVERY_S, and the end
     clock.now += 60  # the next epoch's rate starts afresh
     ctx._progress(1, 1, 23)
     clock.now += 0.5
     ctx._progress(1, 2, 23)
-    assert sent[-1][3] == 2.0
+    assert sent[-1][3] == 2.0 and sent[-1][4][:2] == (0, 23) and abs(sent[-1][4][2] - 10.0) < 1e-6
 
 
 def test_the_bar_shows_the_ranks_rate_whenever_the_updates_arrive():
