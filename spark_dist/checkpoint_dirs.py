@@ -30,7 +30,6 @@ import secrets
 import shutil
 import stat
 import tempfile
-import time
 from typing import IO, Iterator, Optional
 
 from .config import CONF_CHECKPOINT_DIR
@@ -38,7 +37,6 @@ from .config import CONF_CHECKPOINT_DIR
 log = logging.getLogger(__name__)
 
 SUCCESS_WAIT_S = 5.0  # a host waits this long for the run's success before removing its checkpoints
-_SUCCESS_POLL_S = 0.02  # the driver says so within its own poll (at most 0.1 s) of the last rank's end
 _FIX = f"set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a directory only you can write"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 
@@ -179,23 +177,19 @@ def remove(checkpoint_dir: str) -> bool:
 
 
 def remove_after_success(spec, store, outcomes) -> bool:
-    """In a task whose ranks all ended well: wait (at most :data:`SUCCESS_WAIT_S`) for the driver to say the
-    whole run succeeded, then remove this host's copy of the run's default checkpoint directory. Until then a
-    rank elsewhere may still fail, and its retry resume from these checkpoints. Never raises."""
-    from .protocol import ABORT, RUN_SUCCEEDED, TaskOutcome
+    """In a task whose ranks all ended well: wait (at most :data:`SUCCESS_WAIT_S`) for the driver to say how the
+    whole run ended (the store wakes the waiter), and once it succeeded remove this host's copy of the run's
+    default checkpoint directory. Until then a rank elsewhere may still fail, and its retry resume from these
+    checkpoints. Never raises."""
+    from .protocol import RUN_SUCCEEDED, TaskOutcome
 
     if not spec.remove_checkpoint_dir or not spec.checkpoint_dir or any(o is not TaskOutcome.OK for o in outcomes):
         return False
     try:
         if not os.path.isdir(resolve(spec.checkpoint_dir)):
             return False  # no rank checkpointed on this host: nothing to wait for
-        deadline = time.monotonic() + SUCCESS_WAIT_S
-        while not store.has(RUN_SUCCEEDED):
-            if store.has(ABORT):
-                return False  # the run failed elsewhere: its retry resumes from here
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no word of the run's success within {SUCCESS_WAIT_S:g}s")
-            time.sleep(_SUCCESS_POLL_S)
+        if not store.wait_for(RUN_SUCCEEDED, SUCCESS_WAIT_S):
+            return False  # the run failed elsewhere: its retry resumes from here
     except Exception as exc:  # noqa: BLE001 -- a leftover directory must not fail a run that succeeded
         log.warning("spark_dist: checkpoints of run %s left in %s: %s", spec.run_id,
                     resolve(spec.checkpoint_dir), exc)

@@ -58,7 +58,7 @@ class Coordinator:
         self.next_progress = 0.0
         self.last_progress = None
         self.ended: set = set()  # ranks whose supervisor said (signed) that they ended
-        self.succeeded = False
+        self.succeeded: Optional[bool] = None  # what ``succeeded`` told the tasks, once settled
         self.tasks: List[TaskInfo] = []  # TaskInfo by task index, once all tasks came
         self.ranks: List[RankInfo] = []  # RankInfo by task index, once assigned
         self.rendezvous_missing: List[int] = []  # task indexes that never reached the store
@@ -103,9 +103,7 @@ class Coordinator:
             if self.drain_output():
                 poll = 0.01  # a rank is printing fast: its supervisor waits for room in the store
             self.drain_progress(now)
-            if assigned and not self.succeeded and self._all_ended_well():
-                self.succeeded = True
-                self.store.put(RUN_SUCCEEDED, True)
+            self._settle(assigned, abort_at is not None)
             if assigned and abort_at is None and self._silent_hosts(now):
                 self.store.put(ABORT, Abort.HOST_LOST)
                 abort_at = now
@@ -120,9 +118,21 @@ class Coordinator:
                 cancelled = self.cancelled = True
                 self.cancel()
         # Under Spark Connect the watch ends once every rank ended, which may be before the loop said so.
-        if assigned and not self.succeeded and self._all_ended_well():
-            self.succeeded = True
-            self.store.put(RUN_SUCCEEDED, True)
+        self._settle(assigned, abort_at is not None)
+
+    def _settle(self, assigned: bool, aborted: bool) -> None:
+        """Tell the tasks, once, how the run ended (``succeeded``): True once every rank ended and none failed,
+        False once it was aborted. Tasks whose ranks ended well wait on it before removing what a retry
+        would resume from (:func:`~spark_dist.checkpoint_dirs.remove_after_success`)."""
+        if not assigned or self.succeeded is not None:
+            return
+        if aborted:
+            self.succeeded = False
+        elif self.all_ranks_ended():
+            self.succeeded = not self.store.has(ABORT) and not self._take_failures()
+        else:
+            return
+        self.store.put(RUN_SUCCEEDED, self.succeeded)
 
     def _arrived_tasks(self, n: int) -> Optional[List[TaskInfo]]:
         """Every slot's TaskInfo once all ``n`` came, else ``None``: the ``arrived`` counter says when to
@@ -142,16 +152,7 @@ class Coordinator:
         it is there, the first missing one ending the look: a round trip or two a poll."""
         if not self.ranks:
             return bool(self.rendezvous_missing)
-        for r in self.ranks:
-            if r.rank not in self.ended:
-                if not self.store.has(ended_key(r.rank)):
-                    return False
-                self.ended.add(r.rank)
-        return True
-
-    def _all_ended_well(self) -> bool:
-        """Every rank ended and none failed (nor was the run aborted): what ``succeeded`` tells the tasks."""
-        return self.all_ranks_ended() and not self.store.has(ABORT) and not self._take_failures()
+        return all(self._ended(r.rank) for r in self.ranks)
 
     def _silent_hosts(self, now: float) -> bool:
         """Whether a host went silent: its ranks' supervisors stopped beating (a host off the network, a
@@ -178,6 +179,7 @@ class Coordinator:
         return bool(self.lost_ranks)
 
     def _ended(self, rank: int) -> bool:
+        """Whether ``rank``'s supervisor said (signed) that it ended; remembered once seen."""
         if rank not in self.ended and self.store.has(ended_key(rank)):
             self.ended.add(rank)
         return rank in self.ended
@@ -214,11 +216,10 @@ class Coordinator:
         if self.on_progress is None or (now < self.next_progress and not final):
             return
         self.next_progress = now + PROGRESS_EVERY_S
-        if self.store.has(PROGRESS):
-            progress = self.store.get(PROGRESS)
-            if progress != self.last_progress:
-                self.last_progress = progress
-                self.on_progress(progress)
+        progress = self.store.lookup(PROGRESS)
+        if progress is not None and progress != self.last_progress:
+            self.last_progress = progress
+            self.on_progress(progress)
 
     def _take_failures(self) -> List[Any]:
         """The failures reported so far (each rank's first; at most one a rank is kept, whatever arrives)."""
@@ -232,7 +233,7 @@ class Coordinator:
         """What this attempt saw, read from the store once the tasks are done."""
         store = self.store
         failures = tuple(self._take_failures())
-        stacks = {r.rank: store.get(stack_key(r.rank)) for r in self.ranks if store.has(stack_key(r.rank))}
+        stacks = {r.rank: stack for r in self.ranks if (stack := store.lookup(stack_key(r.rank))) is not None}
         return Seen(
             driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
             host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout, now=time.time(),

@@ -93,13 +93,13 @@ class LineBuffer:
                     self._lines.append((stream, state))
                     self._bytes += len(state)
                     self._progress[stream] = (state, now, False)
-            count, size = 0, 0
+            count, size, chars = 0, 0, 0  # size counts a record's overhead per line; chars what the buffer holds
             for _, line in self._lines:
                 if count and size + len(line) > max_bytes:
                     break
-                count, size = count + 1, size + len(line) + 8
+                count, size, chars = count + 1, size + len(line) + 8, chars + len(line)
             lines, self._lines = self._lines[:count], self._lines[count:]
-            self._bytes -= sum(len(line) for _, line in lines)
+            self._bytes -= chars
             self._taken.notify_all()
         return lines
 
@@ -271,7 +271,7 @@ def printer(log_ranks: str) -> Optional[Callable[[int, str, str], None]]:
         return None
 
     def show(rank: int, stream: str, line: str) -> None:
-        if log_ranks == "rank0" and rank != 0:
+        if not relays(log_ranks, rank):
             return
         target = sys.stderr if stream == "stderr" else sys.stdout  # looked up now: redirect_stdout works
         print(f"[rank {rank}] {line}", file=target, flush=True)

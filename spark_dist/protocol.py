@@ -1,4 +1,4 @@
-"""The protocol between the driver (``launcher.py``) and its tasks (``worker.py``), in one place.
+"""The protocol between the driver (``coordinator.py``) and its tasks (``worker.py``), in one place.
 
 One attempt speaks through the attempt's signed store (see :mod:`spark_dist.rendezvous`), hosted by the driver
 (under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys:
@@ -21,7 +21,8 @@ key                         written by             holds
 ``beat/<rank>``             a supervisor           an unsigned counter bumped every second (only its changes count)
 ``ended/<rank>``            a supervisor           ``True`` once the rank has ended (signed: a forged one is
                                                    absent)
-``succeeded``               the driver             ``True`` once every rank has ended without a failure
+``succeeded``               the driver             ``True`` once every rank has ended without a failure,
+                                                   ``False`` once the run failed or was aborted
 ==========================  =====================  ============================================================
 
 The logs are the only channel whose volume depends on the user's code, and the driver deletes what it has

@@ -189,26 +189,41 @@ class SignedStore:
         # The key is signed too: a valid value copied under another key (say, "abort") does not pass.
         return hmac.new(self._secret, self.key(name).encode() + b"\0" + data, hashlib.sha256).digest()
 
-    def put(self, name: str, value) -> None:
+    def _signed(self, name: str, value) -> bytes:
         data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        self.raw.set(self.key(name), self._sign(name, data) + data)
+        return self._sign(name, data) + data
 
-    def get(self, name: str):
-        blob = self.raw.get(self.key(name))
+    def _verified(self, name: str, blob: bytes):
+        """The value in ``blob`` if we signed it under ``name`` (checked before unpickling), else ``FORGED``."""
         mac, data = blob[:32], blob[32:]
         if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(name, data)):
-            raise PermissionError(f"store value {name!r} failed its signature check: rejected unread")
+            return FORGED
         return pickle.loads(data)
+
+    def put(self, name: str, value) -> None:
+        self.raw.set(self.key(name), self._signed(name, value))
+
+    def get(self, name: str):
+        """The value of ``name`` (which must exist).
+
+        Raises:
+            PermissionError: it is not a value we signed (rejected unread).
+        """
+        value = self._verified(name, self.raw.get(self.key(name)))
+        if value is FORGED:
+            raise PermissionError(f"store value {name!r} failed its signature check: rejected unread")
+        return value
+
+    def lookup(self, name: str, default=None):
+        """The value of ``name`` when it holds one we signed, else ``default`` (absent or forged alike)."""
+        if not self.raw.check([self.key(name)]):
+            return default
+        value = self._verified(name, self.raw.get(self.key(name)))
+        return default if value is FORGED else value
 
     def has(self, name: str) -> bool:
         """True when ``name`` holds a value we signed; a forged one counts as absent."""
-        if not self.raw.check([self.key(name)]):
-            return False
-        try:
-            self.get(name)
-        except PermissionError:
-            return False
-        return True
+        return self.lookup(name, FORGED) is not FORGED
 
     def get_many(self, names: Sequence[str]) -> List[Any]:
         """The values of ``names`` (which must all exist) in one round trip; a forged one is ``FORGED``."""
@@ -217,21 +232,7 @@ class SignedStore:
 
     def put_many(self, values: Dict[str, Any]) -> None:
         """``put`` for each name, in one round trip."""
-        names = list(values)
-        blobs = []
-        for name in names:
-            data = pickle.dumps(values[name], protocol=pickle.HIGHEST_PROTOCOL)
-            blobs.append(self._sign(name, data) + data)
-        self.raw.multi_set([self.key(n) for n in names], blobs)
-
-    def _verified(self, name: str, blob: bytes):
-        mac, data = blob[:32], blob[32:]
-        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(name, data)):
-            return FORGED
-        return pickle.loads(data)
-
-    def delete(self, name: str) -> None:
-        self.raw.delete_key(self.key(name))
+        self.raw.multi_set([self.key(n) for n in values], [self._signed(n, v) for n, v in values.items()])
 
     def counter(self, name: str, increment: int = 1) -> int:
         """An unsigned counter: anyone who reaches the store can set it to anything, so callers use it only
@@ -242,8 +243,7 @@ class SignedStore:
     def push(self, queue: str, value) -> None:
         """Append ``value``, signed, to the FIFO ``queue``. The store applies a client's requests in order,
         so a later round trip on this client (``queue_len``) returns only once it is in."""
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        self.raw.queue_push(self.key(queue), self._sign(queue, data) + data)
+        self.raw.queue_push(self.key(queue), self._signed(queue, value))
 
     def pop(self, queue: str):
         """The oldest value of ``queue``, removed from the store; ``EMPTY`` when there is none and ``FORGED``

@@ -102,6 +102,12 @@ def _same_file(fd: int, path: str) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
+def remove(path: str) -> None:
+    """Remove ``path`` (one :func:`make` returned) and drop this process's lock on it. Never raises."""
+    shutil.rmtree(path, ignore_errors=True)
+    release(path)
+
+
 def release(path: str) -> None:
     """Drop this process's lock on ``path`` (one :func:`make` returned), e.g. right after removing it. A
     directory removed without this call has its lock dropped by the next :func:`make` of this process."""

@@ -207,7 +207,8 @@ def test_each_host_removes_its_default_once_the_run_succeeded(private_tmp, store
     assert not checkpoint_dirs.remove_after_success(spec_for(name), store, [TaskOutcome.OK, TaskOutcome.FAILED])
     assert not checkpoint_dirs.remove_after_success(spec_for(name), store, ok)  # waited 0.3 s: no word
     assert os.path.exists(os.path.join(ctx.checkpoint_dir, CHECKPOINT_FILE))
-    store.put(ABORT, Abort.RANK_FAILED)  # a rank elsewhere failed
+    store.put(ABORT, Abort.RANK_FAILED)  # a rank elsewhere failed, and the driver says the run did
+    store.put(RUN_SUCCEEDED, False)
     assert not checkpoint_dirs.remove_after_success(spec_for(name), store, ok)
     assert os.path.exists(ctx.checkpoint_dir)
     store.put(RUN_SUCCEEDED, True)
