@@ -4,10 +4,10 @@ import pickle
 import sys
 import threading
 
-from .worker import _die_with_parent, child_main, exit_rank
+from .rank_process import child_main, die_with_parent, exit_rank
 
 if __name__ == "__main__":
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != int(sys.argv[2]):  # the driver died before we could ask to die with it
         sys.exit(70)
     with open(sys.argv[1], "rb") as f:

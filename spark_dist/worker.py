@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,19 +23,17 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from . import checkpoint_dirs, output, tempdirs
 from .errors import RankFailure
-from .protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, Abort, Job, LaunchSpec, ResultChunk, TaskOutcome,
-                       TaskStatus, assignment_key, beat_key, ended_key, stack_key, task_key)
-from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of, join_store
+from .protocol import (ABORT, ARRIVED, FAILURES, Abort, LaunchSpec, ResultChunk, TaskOutcome, TaskStatus,
+                       assignment_key, beat_key, ended_key, stack_key, task_key)
+from .rank_process import child_main, die_with_parent, exit_rank, signed_store
+from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of
 from .store_log import StoreLog
+from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
 HEARTBEAT_S = 1.0  # each rank's supervisor counts up beat/<rank> on the driver's store this often
 STDERR_TAIL_BYTES = 16 << 10
-
-
-def signed_store(spec: LaunchSpec) -> SignedStore:
-    return SignedStore(join_store(spec.store_host, spec.store_port, spec.rendezvous_timeout), spec.secret, spec.prefix)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -104,15 +101,15 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
                     yield ResultChunk(slot.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
             yield TaskStatus(slot.task_index, outcome)
     finally:
-        ranks_trained = any(os.path.exists(os.path.join(workdir, _IMPORTED_DYNAMO)) for *_, workdir in started)
+        ranks_trained = any(os.path.exists(os.path.join(workdir, IMPORTED_DYNAMO)) for *_, workdir in started)
         if not supervised:  # a start failed (or supervision did): the children already running end here,
             for _, _, child, _ in started:  # reaped, so none is left a zombie of this long-lived worker
                 child.kill()
                 child.reap()
         for workdir in workdirs:
-            shutil.rmtree(workdir, ignore_errors=True)
+            tempdirs.remove(workdir)
         if in_executor and ranks_trained:
-            _warm_for_next_run()
+            warm_for_next_run()
 
 
 def _assignments(store: SignedStore, spec: LaunchSpec, slots: List[TaskInfo]):
@@ -168,87 +165,6 @@ def _preload(backend: str) -> None:
             import horovod.torch  # noqa: F401
         except ImportError:
             pass  # the rank's own import reports it
-
-
-# What a training rank imports on its first optimizer step: torch.optim's step imports torch._dynamo (~1.5-2 s a
-# rank here, ~0.8 s of it its heaviest dependencies, sympy and torch.distributed.tensor, which it imports itself;
-# BENCHMARKS.md). None of them starts a thread. Ranks forked from a worker holding torch._dynamo used to hang
-# now and then at exit; gdb showed torch's gloo teardown in such a hang, which spark_dist.teardown keeps ranks
-# out of (no hang in 60 runs since, against 2 in 45 without it).
-_WARM_MODULES = ("torch._dynamo",)
-_IMPORTED_DYNAMO = "imported-torch-dynamo"  # a rank leaves this file in its work dir when it did
-_warming: Optional[threading.Thread] = None
-_warming_lifted = False  # a fork is waiting: the warm-up must not go (back) to the lowest priority
-_warming_priority = threading.Lock()  # orders the warm-up's lowering against a fork's lifting
-_LOWEST_NICE = 19
-
-
-def _warm_for_next_run() -> None:
-    """Import :data:`_WARM_MODULES` into this reused Python worker in the background after a run whose ranks
-    imported torch._dynamo (they trained): the worker idles between runs, and later runs fork ranks that
-    already have these modules. The next fork waits for the imports (:func:`_warmed`), which its ranks would
-    have spent importing the same modules themselves. Runs that do not train (no optimizer step) never start
-    it. The imports run at the lowest CPU priority only where :func:`_warmed` may lift it again: a thread left
-    at nice 19 on a busy machine gets ~1.5% of a core, and the fork waiting on it would wait for that."""
-    global _warming
-    if _warming is None and "torch" in sys.modules and any(m not in sys.modules for m in _WARM_MODULES):
-        _warming = threading.Thread(target=_import_all, args=(_WARM_MODULES,), daemon=True,
-                                    name="spark_dist-warm-imports")
-        _warming.start()
-
-
-def _import_all(names) -> None:
-    import importlib
-
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice < _LOWEST_NICE and _may_lift_priority_to(nice):
-        with _warming_priority:
-            if not _warming_lifted:
-                try:  # this thread only: other work keeps the cores while the worker idles (per-thread nice)
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _LOWEST_NICE)
-                except (AttributeError, OSError):
-                    pass
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 -- only a head start: the rank imports what it needs itself
-            pass
-
-
-def _may_lift_priority_to(nice: int) -> bool:
-    """Whether this process may set a thread's nice value back down to ``nice``: with CAP_SYS_NICE, or where
-    RLIMIT_NICE allows it (its soft limit ``r`` allows nice values down to ``20 - r``)."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
-        if soft == resource.RLIM_INFINITY or 20 - soft <= nice:
-            return True
-    except (ImportError, AttributeError, OSError, ValueError):
-        pass
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> 23 & 1)  # bit 23: CAP_SYS_NICE
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
-def _warmed() -> None:
-    """Wait for the background imports: a fork while another thread holds the import lock would leave it
-    held forever in the child. The imports first get this thread's priority back: the fork is waiting."""
-    global _warming_lifted
-    if _warming is not None:
-        with _warming_priority:
-            _warming_lifted = True
-            if _warming.is_alive():  # the caller's own nice: a no-op where the warm-up never lowered it
-                try:
-                    os.setpriority(os.PRIO_PROCESS, _warming.native_id, os.getpriority(os.PRIO_PROCESS, 0))
-                except OSError:  # the thread ended meanwhile, or the limits changed: the join still waits
-                    pass
-        _warming.join()
 
 
 def _unsafe_to_fork() -> bool:
@@ -418,17 +334,6 @@ def _dump_stack(child: _ChildProcess, tail: output.StreamReader) -> str:
     return tail.since(before)[-4000:]
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies, so a killed Spark worker leaves no rank behind."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def _with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
     """``env`` plus ``GLOO_SOCKET_IFNAME`` (torch's gloo) and ``HOROVOD_GLOO_IFACE`` naming the interface of
     this task's Spark address, unless the user chose them (see :func:`~spark_dist.rendezvous.interface_of`)."""
@@ -440,7 +345,7 @@ def _with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
     """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
     has initialised CUDA (a GPU ``transform`` ran here, say)."""
-    _warmed()
+    warmed()
     if _unsafe_to_fork():
         return spawn_child(spec, rank, env, workdir)
     sys.stdout.flush()
@@ -454,7 +359,7 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
             os.close(read_fd)
             os.close(out_read)
             os.setpgid(0, 0)
-            _die_with_parent()
+            die_with_parent()
             os.dup2(out_write, 1)
             os.dup2(write_fd, 2)
             os.close(write_fd)
@@ -476,34 +381,6 @@ def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     return _ChildProcess(pid, out_read, read_fd)
 
 
-def exit_rank(code: int) -> None:
-    """End a rank process: the exit handlers the rank registered itself (MLflow, TensorBoard and wandb flush
-    their runs here; a forked rank cleared the worker's when it started), every buffered output line, then
-    ``os._exit``. No interpreter teardown: a forked rank must not run the worker's own, and freeing the
-    process groups :mod:`spark_dist.teardown` keeps could hang in torch's gloo destructor."""
-    try:
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # closed by the rank's code
-                pass
-        _flush_c_stdio()
-    finally:
-        os._exit(code)
-
-
-def _flush_c_stdio() -> None:
-    """What C or C++ code printed (``printf``, ``std::cout`` through stdio) and still buffers: ``exit()`` would
-    flush it, ``os._exit`` does not."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):
-        pass
-
-
 def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
     """Start the rank as a fresh interpreter (local mode: the driver is no place to fork from)."""
     payload = os.path.join(workdir, "launch.pkl")
@@ -522,145 +399,3 @@ def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: 
     popen.stdout.close()
     popen.stderr.close()
     return _ChildProcess(popen.pid, stdout_fd, stderr_fd, popen)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Inside the child
-# --------------------------------------------------------------------------------------------------------
-def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> int:
-    """Run the job as rank ``rank``; write ``result.pkl`` or ``failure.pkl`` into ``workdir``; return the
-    exit code."""
-    import faulthandler
-
-    import cloudpickle
-
-    from . import context, teardown
-
-    os.environ.update(env)
-    teardown.keep_process_groups_until_exit()  # a rank that frees its DDP model could hang at exit otherwise
-    faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout
-    if spec.collective_timeout:
-        _set_collective_timeout(spec.collective_timeout)
-    reporter = _Reporter(spec, rank.rank)
-    ctx = context.TrainContext(
-        rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
-        local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
-        run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, gpus=rank.gpus, checkpoint_dir=spec.checkpoint_dir,
-        datasets=dict(spec.datasets), _reporter=reporter,
-    )
-    context._set_context(ctx)
-    try:
-        job: Job = cloudpickle.loads(spec.job_bytes)
-        if job.script_path is not None:
-            _run_script(job, workdir)
-            result = None
-        else:
-            started = time.perf_counter()
-            result = job.fn(*job.args, **job.kwargs)
-            _report_input_wait(ctx, reporter, time.perf_counter() - started)
-        from .result import encode_result
-
-        data = encode_result(result if rank.rank == 0 else None, spec.max_result_bytes)
-        _write_private(os.path.join(workdir, "result.pkl"), data)
-        return 0
-    except SystemExit as exc:  # a script's sys.exit(n)
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code == 0:
-            _write_private(os.path.join(workdir, "result.pkl"), cloudpickle.dumps(None))
-            return 0
-        failure = RankFailure(rank.rank, rank.host, "exit", f"sys.exit({exc.code!r})", exit_code=code,
-                              traceback=traceback.format_exc(), time=time.time())
-        _write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
-        return code
-    except BaseException as exc:
-        failure = RankFailure(rank.rank, rank.host, "exception", str(exc),
-                              exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
-                              traceback=traceback.format_exc(), time=time.time(),
-                              exception_bytes=_try_pickle(exc))
-        _write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
-        traceback.print_exc()
-        return 1
-    finally:
-        context._set_context(None)
-        # A rank that trained imported torch._dynamo (torch.optim's step does): the worker warms up for the next
-        # run. A rank forked from a worker already warm has it anyway; the warm-up then has nothing to do.
-        if "torch._dynamo" in sys.modules:
-            try:
-                _write_private(os.path.join(workdir, _IMPORTED_DYNAMO), b"")
-            except OSError:
-                pass  # only a hint
-
-
-def _report_input_wait(ctx, reporter, seconds: float) -> None:
-    """Tell the driver how long this rank waited for data, so a user sees when input is the bottleneck."""
-    if ctx.loaders:
-        waited = sum(loader.wait_seconds for loader in ctx.loaders)
-        reporter({"rank": ctx.rank, "time": time.time(), "input_wait_seconds": round(waited, 3),
-                  "train_seconds": round(seconds, 3), "batches": sum(loader.batches for loader in ctx.loaders)})
-
-
-def _set_collective_timeout(seconds: float) -> None:
-    """Make ``init_process_group()`` without ``timeout=`` use ours: a collective whose peer never comes
-    then raises instead of waiting torch's default 30 minutes."""
-    from datetime import timedelta
-
-    import torch.distributed.distributed_c10d as c10d
-
-    c10d.default_pg_timeout = timedelta(seconds=seconds)
-    c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
-
-
-def _run_script(job: Job, workdir: str) -> None:
-    """Run a script as ``python script.py args`` would, in this already-warm interpreter."""
-    import runpy
-
-    path = job.script_path
-    if not os.path.exists(path):  # another machine: run the copy the driver shipped
-        path = os.path.join(workdir, os.path.basename(job.script_path))
-        _write_private(path, job.script_source)
-    sys.argv = [path, *job.script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    runpy.run_path(path, run_name="__main__")
-
-
-def _try_pickle(exc: BaseException) -> Optional[bytes]:
-    try:
-        import cloudpickle
-
-        data = cloudpickle.dumps(exc)
-        cloudpickle.loads(data)
-        return data
-    except Exception:
-        return None
-
-
-def _write_private(path: str, data: bytes) -> None:
-    """Owner-only, and atomic: a rank killed mid-write leaves no half file for its supervisor to read."""
-    partial = path + ".partial"
-    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-    os.replace(partial, path)
-
-
-class _Reporter:
-    """Sends ``ctx.report`` records to the driver through the run's ``reports`` log, and rank 0's loader
-    progress as one overwritten value (connected on first use)."""
-
-    def __init__(self, spec: LaunchSpec, rank: int):
-        self._spec, self._rank = spec, rank
-        self._store: Optional[SignedStore] = None
-        self._log: Optional[StoreLog] = None
-
-    def _connected(self) -> SignedStore:
-        if self._store is None:
-            self._store = signed_store(self._spec)
-            self._log = StoreLog(self._store, REPORTS, writer=f"rank{self._rank}")
-        return self._store
-
-    def __call__(self, record: dict) -> None:
-        self._connected()
-        self._log.append(record)
-
-    def progress(self, value: tuple) -> None:
-        self._connected().put(PROGRESS, value)

@@ -82,15 +82,15 @@ def check_fork_after_cuda(handle, use_gpu):
     """Local mode normally spawns; make it fork (as a Spark task does) from this process, where CUDA is live."""
     import torch
 
-    from spark_dist import Distributor, TrainingFailedError, launcher, worker
+    from spark_dist import Distributor, TrainingFailedError, classic_launch, worker
     from spark_dist.ml.training import train_ranks
 
     if use_gpu:
         torch.zeros(1, device="cuda")  # this process initialises CUDA, as a GPU transform in a worker would
-    real_spawn, real_unsafe = launcher.spawn_child, worker._unsafe_to_fork
+    real_spawn, real_unsafe = classic_launch.spawn_child, worker._unsafe_to_fork
     notes, ok = [], True
     try:
-        launcher.spawn_child = worker.fork_child
+        classic_launch.spawn_child = worker.fork_child
         Distributor(num_processes=1, local_mode=True, use_gpu=use_gpu, verbose=False).run(
             train_ranks, train_spec(use_gpu), datasets={"train": handle})
         # On a GPU the fallback must have been taken (CUDA is live here); without one it is never taken.
@@ -109,7 +109,7 @@ def check_fork_after_cuda(handle, use_gpu):
                 notes.append(f"forced fork fails{' as CUDA says it must' if refused else ' otherwise'}: "
                              f"{str(exc).splitlines()[0][:160]}")
     finally:
-        launcher.spawn_child, worker._unsafe_to_fork = real_spawn, real_unsafe
+        classic_launch.spawn_child, worker._unsafe_to_fork = real_spawn, real_unsafe
     return ok, "; ".join(notes)
 
 

@@ -208,10 +208,10 @@ def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts
 
 
 def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_local, monkeypatch):
-    from spark_dist import launcher
+    from spark_dist import classic_launch
     from spark_dist.worker import signed_store
 
-    real_serve_rank = launcher.serve_rank
+    real_serve_rank = classic_launch.serve_rank
 
     def task_one_never_arrives(spec, task, start_child):
         if task.task_index == 0:
@@ -221,7 +221,7 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
         while not store.has(ABORT):
             time.sleep(0.05)
 
-    monkeypatch.setattr(launcher, "serve_rank", task_one_never_arrives)
+    monkeypatch.setattr(classic_launch, "serve_rank", task_one_never_arrives)
     spark_local.conf.set("spark.dist.rendezvousTimeout", "1s")
     started = time.monotonic()
     try:

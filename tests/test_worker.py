@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from clusters import _wait_for
-from spark_dist import Distributor, worker
+from spark_dist import Distributor, warm_imports, worker
 
 
 def test_a_worker_that_initialised_cuda_spawns_its_rank(monkeypatch):
@@ -33,7 +33,7 @@ def test_a_worker_forks_its_ranks_with_or_without_torch_dynamo(monkeypatch):
 
 
 def what_the_rank_started_with():
-    return {"worker": os.getppid(), "warm": all(m in sys.modules for m in worker._WARM_MODULES),
+    return {"worker": os.getppid(), "warm": all(m in sys.modules for m in warm_imports.WARM_MODULES),
             "dynamo": "torch._dynamo" in sys.modules}
 
 
@@ -70,7 +70,7 @@ def _report_then_train():
 def test_a_fork_lifts_the_warm_up_off_the_lowest_priority_before_waiting_for_it(monkeypatch, tmp_path):
     # The warm-up imports at nice 19 while the worker idles; a fork that needs them must not wait at that
     # priority (~1.5% of a core on a busy machine). The stand-in module takes 0.5 s, then records its nice.
-    if not worker._may_lift_priority_to(os.getpriority(os.PRIO_PROCESS, 0)):
+    if not warm_imports.may_lift_priority_to(os.getpriority(os.PRIO_PROCESS, 0)):
         pytest.skip("this process may not lower a thread's nice value (no CAP_SYS_NICE, RLIMIT_NICE 0)")
     (tmp_path / "slow_warm_module.py").write_text(
         "import os, threading, time\n"
@@ -78,16 +78,16 @@ def test_a_fork_lifts_the_warm_up_off_the_lowest_priority_before_waiting_for_it(
         "time.sleep(0.5)\n"
         "ENDED_AT = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(worker, "_WARM_MODULES", ("slow_warm_module",))
-    monkeypatch.setattr(worker, "_warming", None)
-    monkeypatch.setattr(worker, "_warming_lifted", False)
-    worker._warm_for_next_run()
+    monkeypatch.setattr(warm_imports, "WARM_MODULES", ("slow_warm_module",))
+    monkeypatch.setattr(warm_imports, "_warming", None)
+    monkeypatch.setattr(warm_imports, "_warming_lifted", False)
+    warm_imports.warm_for_next_run()
     # Wait until the import is under way (at the lowest priority): on a busy machine the thread may not have
     # started within a fixed sleep (0.2 s failed once, with both lines' suites on 2 cores), and a fork arriving
     # first rightly keeps the warm-up at the caller's priority, which is not what this test is about.
     _wait_for("the warm-up's import to start", lambda: hasattr(sys.modules.get("slow_warm_module"), "STARTED_AT"),
               30, interval=0.01)
-    worker._warmed()
+    warm_imports.warmed()
     module = sys.modules.pop("slow_warm_module")
     assert (module.STARTED_AT, module.ENDED_AT) == (19, os.getpriority(os.PRIO_PROCESS, 0))
 

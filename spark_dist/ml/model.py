@@ -67,11 +67,10 @@ def _no_background_imports() -> None:
     """Wait for the warm-up imports of a worker that served a training run (training runs share the UDFs'
     workers, :func:`spark_dist.session.collect_in_udf_workers`) before unpickling a model, which imports its
     classes' modules: two threads importing at once can deadlock on modules that import each other. Waiting
-    also kept later fits fast: without it, after a first transform right after a first fit, the next fit took
-    4.4-4.9 s against 2.6-3.3 s (BENCHMARKS.md)."""
-    worker = sys.modules.get("spark_dist.worker")
-    if worker is not None:
-        worker._warmed()
+    also keeps the next fit from sharing the worker with an import still under way (BENCHMARKS.md, Spark ML)."""
+    warm_imports = sys.modules.get("spark_dist.warm_imports")
+    if warm_imports is not None:
+        warm_imports.warmed()
 
 
 def output_kind(loss, outputs: int) -> str:

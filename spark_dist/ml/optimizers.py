@@ -2,9 +2,8 @@
 computes them there, without torch.optim's classes.
 
 Why: making any ``torch.optim`` optimizer imports ``torch._dynamo`` (its ``add_param_group`` is wrapped in
-``torch._disable_dynamo``, its ``step`` in a graph break): 2.2-2.4 s of a core on this project's 2-core machine,
-in every fresh rank, more than the digits MLP's 330 training steps take. A session's first fit runs in fresh
-ranks, so every rank paid it (BENCHMARKS.md, Spark ML, session 21).
+``torch._disable_dynamo``, its ``step`` in a graph break), which costs a fresh rank more than a small model's
+whole training; a session's first fit runs in fresh ranks, so every rank would pay it (BENCHMARKS.md, Spark ML).
 
 What: torch.optim's defaults for each name (``Adam``: betas 0.9, 0.999, eps 1e-8, no weight decay; ``AdamW``: the
 same with decoupled weight decay 0.01; ``SGD``: no momentum), updated with the same tensor operations, in the same
