@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import os
 import pickle
 import socket
 import time
@@ -122,6 +123,14 @@ def interface_of(host: str) -> Optional[str]:
         if any(a.address.split("%")[0] in wanted for a in addresses):
             return name
     return None
+
+
+def with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
+    """``env`` plus ``GLOO_SOCKET_IFNAME`` (torch's gloo) and ``HOROVOD_GLOO_IFACE`` naming the interface of
+    the task's Spark address ``host``, unless the user chose them (see :func:`interface_of`)."""
+    keys = [k for k in ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE") if k not in os.environ and k not in env]
+    name = interface_of(host) if keys else None
+    return {**env, **{k: name for k in keys}} if name else env
 
 
 def bind_listener(host: str, port: int = 0) -> socket.socket:

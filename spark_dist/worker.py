@@ -26,7 +26,7 @@ from .errors import RankFailure
 from .protocol import (ABORT, ARRIVED, FAILURES, Abort, LaunchSpec, ResultChunk, TaskOutcome, TaskStatus,
                        assignment_key, beat_key, ended_key, stack_key, task_key)
 from .rank_process import child_main, die_with_parent, exit_rank, signed_store
-from .rendezvous import RankInfo, SignedStore, TaskInfo, interface_of
+from .rendezvous import RankInfo, SignedStore, TaskInfo, with_gloo_interface
 from .store_log import StoreLog
 from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
 
@@ -88,7 +88,7 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
         # (a stream's, the logging module's) would leave that lock held forever in the child.
         for slot, assignment in zip(slots, assignments):
             rank = assignment.rank
-            env = _with_gloo_interface(assignment.env, slot.host)
+            env = with_gloo_interface(assignment.env, slot.host)
             workdirs.append(tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}"))
             started.append((slot, rank, start_child(spec, rank, env, workdirs[-1]), workdirs[-1]))
         outcomes = _supervise_all(started, store, spec, in_executor)
@@ -253,9 +253,10 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
                 next_beat = time.monotonic() + HEARTBEAT_S
             if publisher is not None:
                 publisher.publish()
-            if waiter.is_alive() and store.has(ABORT):
+            abort = store.lookup(ABORT) if waiter.is_alive() else None
+            if abort is not None:
                 aborted = True
-                if store.get(ABORT) == Abort.TIMEOUT:
+                if abort == Abort.TIMEOUT:
                     store.put(stack_key(rank.rank), _dump_stack(child, tail))
                 else:
                     # A rank that raised at about the same time as the one that aborted the run is writing
@@ -332,14 +333,6 @@ def _dump_stack(child: _ChildProcess, tail: output.StreamReader) -> str:
             break
         seen = text
     return tail.since(before)[-4000:]
-
-
-def _with_gloo_interface(env: Dict[str, str], host: str) -> Dict[str, str]:
-    """``env`` plus ``GLOO_SOCKET_IFNAME`` (torch's gloo) and ``HOROVOD_GLOO_IFACE`` naming the interface of
-    this task's Spark address, unless the user chose them (see :func:`~spark_dist.rendezvous.interface_of`)."""
-    keys = [k for k in ("GLOO_SOCKET_IFNAME", "HOROVOD_GLOO_IFACE") if k not in os.environ and k not in env]
-    name = interface_of(host) if keys else None
-    return {**env, **{k: name for k in keys}} if name else env
 
 
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:

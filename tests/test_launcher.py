@@ -248,11 +248,11 @@ def test_gloo_uses_the_interface_of_the_tasks_spark_address(spark_local):
 
 
 def test_the_users_gloo_interface_wins(monkeypatch):
-    from spark_dist.worker import _with_gloo_interface
+    from spark_dist.rendezvous import with_gloo_interface
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
-    assert _with_gloo_interface({"RANK": "0"}, "127.0.0.1") == {"RANK": "0", "HOROVOD_GLOO_IFACE": "lo"}
-    assert _with_gloo_interface({"RANK": "0"}, "192.0.2.99") == {"RANK": "0"}  # no interface holds it
+    assert with_gloo_interface({"RANK": "0"}, "127.0.0.1") == {"RANK": "0", "HOROVOD_GLOO_IFACE": "lo"}
+    assert with_gloo_interface({"RANK": "0"}, "192.0.2.99") == {"RANK": "0"}  # no interface holds it
 
 
 # -- history, cancellation from outside, the Spark UI's description ---------------------------------------------

@@ -144,7 +144,7 @@ def gloo_iface(host: str) -> Optional[str]:
 
     ``HOROVOD_GLOO_IFACE`` in the driver's environment wins (as ``horovodrun --network-interface``). A host
     address that belongs to this machine (loopback: ``lo``) maps to its interface here. Otherwise ``None``,
-    and the task names the interface of its own address (``worker._with_gloo_interface``): the driver cannot
+    and the task names the interface of its own address (``rendezvous.with_gloo_interface``): the driver cannot
     see remote interface names.
     """
     forced = os.environ.get("HOROVOD_GLOO_IFACE")
