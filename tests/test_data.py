@@ -96,9 +96,9 @@ def test_petastorm_uneven_row_groups_are_split_exactly(tmp_path):
 def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, shuffle, drop_last):
     # Real caches have row groups of ~8 MiB; shrink the loader's units so that 2,000 rows cross them all:
     # blocks of 8 rows, decoded chunks of 24, shuffle windows of ~100 rows, row groups of 70 / 130 rows.
-    from spark_dist.data import loader as loader_module
+    from spark_dist.data import epoch_order, loader as loader_module
 
-    monkeypatch.setattr(loader_module, "_BLOCK_ROWS", 8)
+    monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
     monkeypatch.setattr(loader_module, "_READ_CHUNK_ROWS", 24)
     monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 100 * (8 + 3 * 4))
     ids = np.arange(2000)
@@ -133,9 +133,9 @@ def test_a_rank_decodes_each_row_group_once_and_holds_few_at_a_time(tmp_path, mo
     # by the dataset: 40 row groups of 50 rows, windows of ~100 rows.
     import weakref
 
-    from spark_dist.data import loader as loader_module
+    from spark_dist.data import epoch_order, loader as loader_module
 
-    monkeypatch.setattr(loader_module, "_BLOCK_ROWS", 8)
+    monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
     monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 100 * 8)
     path = tmp_path / "part-0.parquet"
     pq.write_table(pa.table({"id": np.arange(2000)}), path, row_group_size=50)
@@ -267,7 +267,7 @@ def test_handle_pickles_for_the_ranks(mixed):
     pa.array([True, False, True] * 5).slice(1, 9),           # bits, not a values buffer
 ], ids=["int64 sliced", "float32 sliced", "with nulls", "bool"])
 def test_a_ranks_numpy_views_match_pyarrows_conversion(array):
-    from spark_dist.data.loader import _list_values, _to_numpy
+    from spark_dist.data.arrays import list_values as _list_values, to_numpy as _to_numpy
 
     np.testing.assert_array_equal(_to_numpy(array), array.to_numpy(zero_copy_only=False))
     lists = pa.ListArray.from_arrays(pa.array(range(0, len(array) + 1, 1), pa.int32()), array).slice(2)

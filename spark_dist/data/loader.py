@@ -26,106 +26,18 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .arrays import default_dtype, list_values, numpy_dtype, rows_view, to_numpy, torch_dtype
+from .epoch_order import block_runs, merged, shard_pieces
 from .handle import SCALAR, DatasetError, DatasetHandle, open_parquet
 
 _WINDOW_BYTES = 16 << 20     # rows shuffled together inside a rank; with the cache's 8 MiB row groups this keeps a
 #                              rank's peak memory growth under ~200 MiB whatever the dataset's size (bench_scaling)
-_BLOCK_ROWS = 256            # unit of the order inside a row group: runs of rows copy at memcpy speed
 _READ_CHUNK_ROWS = 4096      # rows pyarrow decodes at a time
-_DECODE_THREADS = True       # pyarrow decodes the columns of a chunk in parallel: 1.5-2x the rows/s measured
+_DECODE_THREADS = True       # pyarrow decodes the columns of a chunk in parallel (faster: bench_data.py)
 _PREFETCH_WINDOWS = 2        # windows gathered ahead of the consumer by the background thread
 _DECODE_WORKERS = 2          # threads decoding row groups, each its own (see ShardLoader._windows)
 _DECODE_AHEAD = 4            # row groups decoded ahead of the window being gathered
 _END = object()
-
-
-def shard_pieces(row_group_rows: Sequence[int], *, world_size: int, rank: int, epoch: int, seed: int,
-                 shuffle: bool, drop_last: bool) -> Tuple[List[Tuple[int, int, int]], int]:
-    """This rank's rows in one epoch, as ``(row_group, start, stop)`` positions in each row group's epoch order.
-
-    ``row_group_rows`` are the row counts of all row groups of the dataset (files in order). Each rank gets
-    ``N // world_size`` rows with ``drop_last`` (the ``N % world_size`` rows at the end of the epoch order
-    are left out; they differ per epoch), else ``ceil(N / world_size)``: the order wraps around, so the last
-    ranks repeat up to ``world_size - 1`` rows from the start of the epoch. Returns ``(pieces, rows)``.
-    """
-    sizes = np.asarray(row_group_rows, dtype=np.int64)
-    total = int(sizes.sum())
-    per_rank = total // world_size if drop_last else -(-total // world_size)
-    if total == 0 or per_rank == 0:
-        return [], 0
-    order = (np.random.default_rng([seed, epoch, 0]).permutation(len(sizes)) if shuffle
-             else np.arange(len(sizes)))
-    ends = np.cumsum(sizes[order])
-    pieces, pos, left = [], rank * per_rank, per_rank
-    while left:  # more than one turn only when drop_last=False wraps around the end of the epoch order
-        seg_start = pos % total
-        seg_stop = min(seg_start + left, total)
-        at, i = seg_start, int(np.searchsorted(ends, seg_start, side="right"))
-        while at < seg_stop:
-            first = int(ends[i] - sizes[order[i]])
-            end = min(seg_stop, int(ends[i]))
-            if end > at:
-                pieces.append((int(order[i]), at - first, end - first))
-            at = end
-            i += 1
-        left -= seg_stop - seg_start
-        pos += seg_stop - seg_start
-    return pieces, per_rank
-
-
-def block_runs(seed: int, epoch: int, row_group: int, rows: int, start: int, stop: int,
-               shuffle: bool) -> List[Tuple[int, int]]:
-    """Positions ``[start, stop)`` of one row group's epoch order as ``(first, end)`` runs of its file order.
-
-    The epoch order of a row group is its blocks of ``_BLOCK_ROWS`` rows, permuted from
-    ``(seed, epoch, row_group)``; every rank computes the same, so a row group split between two ranks
-    is split without overlap. Without ``shuffle`` it is the file order.
-    """
-    if not shuffle:
-        return [(start, stop)]
-    blocks = -(-rows // _BLOCK_ROWS)
-    order = np.random.default_rng([seed, epoch, 1, row_group]).permutation(blocks)
-    lengths = np.full(blocks, _BLOCK_ROWS, dtype=np.int64)
-    lengths[-1] = rows - (blocks - 1) * _BLOCK_ROWS
-    ends = np.cumsum(lengths[order])
-    runs, at, i = [], start, int(np.searchsorted(ends, start, side="right"))
-    while at < stop:
-        block, end = int(order[i]), min(stop, int(ends[i]))
-        first = block * _BLOCK_ROWS + at - int(ends[i] - lengths[block])
-        runs.append((first, first + end - at))
-        at, i = end, i + 1
-    return runs
-
-
-def _torch_dtype(value, column: str, dataset: str):
-    import torch
-
-    if isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
-        return getattr(torch, value)
-    try:
-        return torch.from_numpy(np.empty(0, dtype=np.dtype(value))).dtype
-    except (TypeError, ValueError):
-        raise DatasetError(f"dataset {dataset!r}: dtypes[{column!r}] = {value!r} is not a torch or numpy "
-                           "dtype (e.g. torch.float16 or 'float64')") from None
-
-
-def _default_dtype(cache_dtype: str):
-    import torch
-
-    kind = np.dtype(cache_dtype).kind
-    # Models want float32 features and int64 class labels (what cross_entropy expects), whatever Spark had.
-    return {"f": torch.float32, "i": torch.int64, "u": torch.int64, "b": torch.bool}[kind]
-
-
-def _numpy_dtype(torch_dtype) -> Optional[np.dtype]:
-    import torch
-
-    try:
-        return torch.empty(0, dtype=torch_dtype).numpy().dtype
-    except TypeError:  # bfloat16 and friends: cast the tensor per batch instead
-        return None
 
 
 class ShardLoader:
@@ -144,7 +56,7 @@ class ShardLoader:
         self.columns = [handle.column(c) for c in columns]
         self.device = device
         self._torch_dtypes = {c.name: dtypes[c.name] for c in self.columns}
-        self._np_dtypes = {c: _numpy_dtype(t) for c, t in self._torch_dtypes.items()}
+        self._np_dtypes = {c: numpy_dtype(t) for c, t in self._torch_dtypes.items()}
         self._groups = [(f, g) for f, rows in enumerate(handle.row_group_rows) for g in range(len(rows))]
         self._group_rows = [n for rows in handle.row_group_rows for n in rows]
         row_bytes = sum(np.dtype(c.dtype).itemsize * (c.length or 1) for c in self.columns)
@@ -184,10 +96,10 @@ class ShardLoader:
             for c in self.columns:
                 arr = rb.column(c.name)
                 if c.kind == SCALAR:
-                    chunks[c.name].append(_to_numpy(arr))
+                    chunks[c.name].append(to_numpy(arr))
                     continue
                 # The list's values as one flat buffer, reshaped: no per-row work and no copy.
-                flat = _list_values(arr)
+                flat = list_values(arr)
                 if flat.size != len(arr) * c.length:
                     raise DatasetError(f"dataset {self.handle.name!r}: column {c.name!r} in "
                                        f"{self.handle.file_urls[f]} does not hold {c.length} values in every row")
@@ -238,10 +150,10 @@ class ShardLoader:
         if dest is not None:
             # The window's order is random anyway: place its rows by chunk of pyarrow's output, one copy call
             # per chunk and column instead of one per block (the Python loop was the cost, not the copy).
-            runs = _merged(runs)
+            runs = merged(runs)
         # Where a column keeps its dtype, each row is moved as one opaque value (a numpy void of the row's
         # bytes) by np.put: half the CPU of numpy's fancy assignment of 2-D rows, which walks every element.
-        as_rows = {c.name: _rows_view(out[c.name]) for c in self.columns
+        as_rows = {c.name: rows_view(out[c.name]) for c in self.columns
                    if dest is not None and np.dtype(c.dtype) == out[c.name].dtype}
         at = 0
         for group, first, end in runs:
@@ -254,7 +166,7 @@ class ShardLoader:
                 for name, arr in out.items():
                     part = chunks[name][k][first - base:stop - base]
                     if name in as_rows:
-                        np.put(as_rows[name], where, _rows_view(part))
+                        np.put(as_rows[name], where, rows_view(part))
                     else:
                         arr[where] = part
                 at, first, k = at + n, stop, k + 1
@@ -368,52 +280,6 @@ class ShardLoader:
             thread.join(timeout=10)
 
 
-_FLOAT_NAMES = {"halffloat": "float16", "float": "float32", "double": "float64"}  # arrow's names; ints share numpy's
-
-
-def _to_numpy(arr) -> np.ndarray:
-    """A pyarrow array as numpy: a view of its values buffer where it is a number array without nulls (what
-    the cache holds), else pyarrow's own conversion. Why not always ``to_numpy``: it imports pandas on its first
-    call in a process (0.26 s here), and every rank is a new process whose first batch waited for that."""
-    import pyarrow as pa
-
-    if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
-        buffers = arr.buffers()  # a new list of Buffer objects each call: once per chunk and column
-        if len(buffers) == 2:
-            # By the type's name: pyarrow 14's to_pandas_dtype() imports pandas too.
-            dtype = np.dtype(_FLOAT_NAMES.get(str(arr.type), str(arr.type)))
-            return np.frombuffer(buffers[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
-    return arr.to_numpy(zero_copy_only=False)
-
-
-def _list_values(arr) -> np.ndarray:
-    """The values of a list array's rows, in order, as one flat numpy array (no copy where :func:`_to_numpy`
-    takes none). Sliced by the offsets rather than ``flatten()``, which imports pyarrow.compute (0.07 s) on its
-    first call in a rank."""
-    if arr.null_count == 0 and hasattr(arr, "offsets") and len(arr):
-        start, end = arr.offsets[0].as_py(), arr.offsets[-1].as_py()
-        return _to_numpy(arr.values.slice(start, end - start))
-    return arr.flatten().to_numpy(zero_copy_only=False)
-
-
-def _rows_view(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous array of rows as a 1-D array of opaque row values (no copy when already contiguous)."""
-    array = np.ascontiguousarray(array)
-    row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-    return array.view(np.dtype((np.void, row_bytes))).reshape(len(array))
-
-
-def _merged(runs: List[Tuple[int, int, int]]) -> List[Tuple[int, int, int]]:
-    """The same rows as ``runs``, in file order, adjacent runs joined."""
-    out: List[Tuple[int, int, int]] = []
-    for group, first, end in sorted(runs):
-        if out and out[-1][0] == group and out[-1][2] == first:
-            out[-1] = (group, out[-1][1], end)
-        else:
-            out.append((group, first, end))
-    return out
-
-
 def _put(out: "queue.Queue", item, stop: threading.Event) -> bool:
     """Put ``item`` unless the consumer went away (it stops iterating early: a ``break``)."""
     while not stop.is_set():
@@ -463,8 +329,8 @@ def make_loader(handle: DatasetHandle, *, rank: int, world_size: int, batch_size
         if c not in names:
             raise DatasetError(f"dataset {handle.name!r}: dtypes names column {c!r}, which is not loaded; "
                                f"loaded columns: {', '.join(names)}")
-    resolved = {c.name: (_torch_dtype(dtypes[c.name], c.name, handle.name) if c.name in dtypes
-                         else _default_dtype(c.dtype)) for c in infos}
+    resolved = {c.name: (torch_dtype(dtypes[c.name], c.name, handle.name) if c.name in dtypes
+                         else default_dtype(c.dtype)) for c in infos}
     loader = ShardLoader(handle, rank=rank, world_size=world_size, batch_size=batch_size, epoch=epoch,
                          shuffle=shuffle, seed=seed, columns=names, drop_last=drop_last, device=device,
                          dtypes=resolved)
