@@ -204,8 +204,11 @@ class _ChildProcess:
     def kill(self) -> None:
         try:
             os.killpg(self.pid, signal.SIGKILL)  # the child leads its own group: its helpers go too
-        except ProcessLookupError:
-            pass
+        except ProcessLookupError:  # a child just forked may not lead its group yet: it alone, then
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def reap(self) -> None:
         """Wait for the (killed) child and close its pipes: nothing of it is left in this process."""

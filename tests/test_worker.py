@@ -141,9 +141,8 @@ def test_a_task_whose_second_rank_fails_to_start_reaps_the_first_and_leaves_no_w
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         pid = os.fork()
-        if pid == 0:  # a rank that would run for a minute
-            os.setpgid(0, 0)
-            os.execvp("sleep", ["sleep", "60"])
+        if pid == 0:  # a rank that would run for ten minutes, killed before it leads its own process group
+            os.execvp("sleep", ["sleep", "600"])
         os.close(out_write)
         os.close(err_write)
         started.append(pid)
