@@ -15,7 +15,7 @@ env35:
 
 demo:
 	@bash scripts/setup_env.sh $(SPARK_LINE)
-	$(call venv,$(SPARK_LINE))/bin/python -m spark_dist.demo
+	$(call venv,$(SPARK_LINE))/bin/python -m spark_dist.cli.demo
 
 # Both lines run at once (scripts/test_lines.sh), each output line prefixed with its Spark line.
 test:

@@ -27,7 +27,7 @@ setup(
         "horovod": ["horovod==0.28.1"],
         "dev": ["pytest>=7", "pytest-timeout>=2", "scikit-learn>=1.3"],
     },
-    entry_points={"console_scripts": ["spark-dist=spark_dist.cli:main"]},
+    entry_points={"console_scripts": ["spark-dist=spark_dist.cli.commands:main"]},
     # The cluster templates (spark-defaults files, GPU discovery script, log4j2): `spark-dist conf-path`.
     data_files=[("share/spark_dist/conf", sorted(glob("conf/*")))],
 )

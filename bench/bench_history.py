@@ -12,7 +12,7 @@ temporary directory. Each fresh process runs ``bench_ml.py --first-fit-only``: t
 of a ``local[2]`` session (2 ranks, after one warm-up job), then ``--later-fits`` more on other splits (their
 median), with ``--code`` naming the tree that its driver and its ranks import spark_dist from. This code's
 plain session (a user's own ``SparkSession.builder``) runs its Python workers under ``spark_dist_daemon`` (PySpark
-imported from its package, not Spark's zip), which its first fit chooses (``spark_dist.python_daemon``); the old
+imported from its package, not Spark's zip), which its first fit chooses (``spark_dist.spark.python_daemon``); the old
 code's, under PySpark's daemon: the bench checks both. A third kind of process runs this code with the session
 options ``spark-dist run`` gives a local master: the daemon named at the start and the JVM class archive
 (``spark-dist jvm-archive``, built first if missing; ``--no-jvm-archive`` leaves that kind out). Each round runs the kinds in the next of their orders, so that no kind

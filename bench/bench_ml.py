@@ -237,7 +237,7 @@ def first_fits_in_fresh_sessions(sessions: int, master: str, with_archive: bool)
 def ensure_jvm_archive() -> dict:
     """This Java's and Spark's class archive, built now if missing (timed: a user's one-off cost); where it
     cannot be, why (the first fits then run without it only)."""
-    from spark_dist import jvm_archive
+    from spark_dist.cli import jvm_archive
     from spark_dist.errors import ConfigError
 
     started, started_at = time.perf_counter(), time.time()
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
                .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2"))
     if args.jvm_archive:
-        from spark_dist import jvm_archive
+        from spark_dist.cli import jvm_archive
 
         builder = builder.config("spark.driver.extraJavaOptions", jvm_archive.driver_java_options())
     if args.python_daemon:

@@ -1,5 +1,5 @@
 """The rendezvous at scale, without Spark and without training: the real Coordinator and the real task side of
-the store protocol (spark_dist.worker's arrival and assignment wait), driven by n simulated tasks.
+the store protocol (spark_dist.task.barrier_task's arrival and assignment wait), driven by n simulated tasks.
 
 Each simulated task is a thread with its own store client, as each Spark task has its own connection: it
 publishes its TaskInfo, bumps ``arrived`` and waits on its own ``assignment/<i>`` key. The coordinator runs
@@ -25,10 +25,11 @@ if _ROOT not in sys.path:  # run as a script from anywhere; imported by the test
 
 from spark_dist.backends.base import Backend  # noqa: E402
 from spark_dist.config import RunConfig  # noqa: E402
-from spark_dist.coordinator import Coordinator  # noqa: E402
-from spark_dist.protocol import ARRIVED, LaunchSpec, task_key  # noqa: E402
-from spark_dist.rendezvous import SignedStore, TaskInfo, host_store, join_store  # noqa: E402
-from spark_dist.worker import _assignments  # noqa: E402
+from spark_dist.driver.coordinator import Coordinator  # noqa: E402
+from spark_dist.wire.protocol import ARRIVED, LaunchSpec, task_key  # noqa: E402
+from spark_dist.wire.ranks import TaskInfo
+from spark_dist.wire.signed_store import SignedStore, host_store, join_store  # noqa: E402
+from spark_dist.task.barrier_task import _assignments  # noqa: E402
 
 HOSTS = 8  # the simulated tasks spread over this many host names, as on a cluster
 

@@ -5,7 +5,7 @@ petastorm_compat.install()  # before anything imports Petastorm: it needs names 
 
 from .context import TrainContext, get_context, log_to_driver  # noqa: E402
 from .errors import ClusterConfigError, ConfigError, RankFailure, RunTimeoutError, TrainingFailedError  # noqa: E402
-from .launcher import Distributor  # noqa: E402
+from .driver.distributor import Distributor  # noqa: E402
 from .dropins import HorovodRunner, TorchDistributor  # noqa: E402
 
 __all__ = [

@@ -1,7 +1,7 @@
-"""``python -m spark_dist``: the same as the ``spark-dist`` command (see :mod:`spark_dist.cli`)."""
+"""``python -m spark_dist``: the same as the ``spark-dist`` command (see :mod:`spark_dist.cli.commands`)."""
 import sys
 
-from spark_dist.cli import main
+from spark_dist.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main())

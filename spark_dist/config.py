@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Tuple
 
 from .errors import ConfigError, ClusterConfigError
-from .rendezvous import LAYOUTS
+from .wire.ranks import LAYOUTS
 
 # Spark conf keys that spark_dist reads (all optional).
 CONF_CHECKPOINT_DIR = "spark.dist.checkpointDir"
@@ -138,7 +138,6 @@ def ranks_per_task(conf: Mapping[str, str], num_processes: int) -> int:
 
 
 def _max_result_bytes(conf: Mapping[str, str]) -> int:
-    from .result import MAX_RESULT_SIZE_CONF, parse_size
 
     value = conf.get(MAX_RESULT_SIZE_CONF, "1g")  # Spark's default
     try:
@@ -311,3 +310,20 @@ class RunConfig:
             processes_per_task=per_task,
             spark_conf=conf,
         )
+
+
+MAX_RESULT_SIZE_CONF = "spark.driver.maxResultSize"
+
+
+def parse_size(value: str) -> int:
+    """Bytes in a Spark size string (``"1g"``, ``"512m"``, ``"1024"`` bytes; Spark's default unit for
+    maxResultSize is bytes when no unit is given).
+
+    Raises:
+        ValueError: not a size.
+    """
+    text = value.strip().lower().rstrip("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)

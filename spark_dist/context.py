@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from . import checkpoint_dirs
+from .task import checkpoint_dirs
 
 _current: Optional["TrainContext"] = None
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict
 
-from . import session
+from .spark import session
 from .config import CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, ranks_per_task, require_task_gpus
 from .errors import ClusterConfigError, ConfigError
-from .launcher import Distributor
+from .driver.distributor import Distributor
 
 
 def _argument(name: str) -> property:

@@ -294,7 +294,7 @@ class SparkManager:
         if kind == LOCAL:
             conf["spark.master"] = "local[2]"
             # Named, as `spark-dist run` names it: else the first test that trains would choose it for every later
-            # test (spark_dist.python_daemon), whichever test that is.
+            # test (spark_dist.spark.python_daemon), whichever test that is.
             conf["spark.python.daemon.module"] = "spark_dist_daemon"
         elif kind == LOCAL_CLUSTER:
             conf.update({
@@ -363,8 +363,8 @@ class SparkManager:
 
     def _warm_up(self):
         """One barrier task per slot: each executor starts its Python daemon now, not in a test; the daemon
-        that runs and UDFs use (spark_dist.session.collect_in_udf_workers), not a plain RDD job's."""
-        from spark_dist.session import collect_in_udf_workers
+        that runs and UDFs use (spark_dist.spark.session.collect_in_udf_workers), not a plain RDD job's."""
+        from spark_dist.spark.session import collect_in_udf_workers
 
         n = max(2, N_EXECUTORS[self.kind]) * (2 if self.kind == SHARED_EXECUTORS else 1)
         sc = self.spark.sparkContext

@@ -71,6 +71,7 @@ from clusters import (  # noqa: E402
 )
 
 MARKER = os.environ[SESSION_MARKER]
+KINDS = ("unit", "spark", "e2e")  # tests/unit: no JVM; tests/spark: shared sessions; tests/e2e: subprocesses
 _manager = None
 
 
@@ -100,6 +101,10 @@ def _group(item):
 
 
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:  # its folder is its kind: `pytest -m unit` (or tests/unit) runs the tests with no JVM
+        kind = os.path.basename(os.path.dirname(str(item.fspath)))
+        if kind in KINDS:
+            item.add_marker(kind)
     items.sort(key=_group)  # stable: file order within a group
 
 
@@ -209,7 +214,7 @@ def _no_leaked_processes():
     leaks = wait_for_no_leaks(MARKER)
     # Work dirs of the Python workers the tests killed on purpose: the next run would sweep them; this
     # session's last run was the last, so sweep now (every owner is dead by now, see the leak check).
-    from spark_dist import tempdirs
+    from spark_dist.host import tempdirs
 
     tempdirs.sweep("rank")
     shutil.rmtree(RUN_TEMP_DIR, ignore_errors=True)  # spark_dist's cache (SPARK_DIST_CACHE) with it

@@ -82,7 +82,11 @@ def check_fork_after_cuda(handle, use_gpu):
     """Local mode normally spawns; make it fork (as a Spark task does) from this process, where CUDA is live."""
     import torch
 
-    from spark_dist import Distributor, TrainingFailedError, classic_launch, worker
+    from spark_dist import Distributor, TrainingFailedError
+
+    from spark_dist.driver import classic_attempt as classic_launch
+
+    from spark_dist.task import barrier_task as worker
     from spark_dist.ml.training import train_ranks
 
     if use_gpu:

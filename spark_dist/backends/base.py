@@ -10,7 +10,7 @@ import importlib
 from typing import Dict, List, Optional
 
 from ..errors import ConfigError
-from ..rendezvous import RankInfo
+from ..wire.ranks import RankInfo
 
 _REGISTRY = {
     "ddp": "spark_dist.backends.ddp:DDPBackend",

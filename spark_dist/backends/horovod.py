@@ -20,7 +20,8 @@ from typing import Dict, List, Optional
 
 from ..config import CONF_HOROVOD_RENDEZVOUS_PORT
 from ..errors import BackendUnavailableError
-from ..rendezvous import RankInfo, bind_in_range
+from ..wire.ranks import RankInfo
+from ..wire.signed_store import bind_in_range
 from .base import Backend
 
 INSTALL_HINT = (
@@ -144,12 +145,12 @@ def gloo_iface(host: str) -> Optional[str]:
 
     ``HOROVOD_GLOO_IFACE`` in the driver's environment wins (as ``horovodrun --network-interface``). A host
     address that belongs to this machine (loopback: ``lo``) maps to its interface here. Otherwise ``None``,
-    and the task names the interface of its own address (``rendezvous.with_gloo_interface``): the driver cannot
+    and the task names the interface of its own address (``ranks.with_gloo_interface``): the driver cannot
     see remote interface names.
     """
     forced = os.environ.get("HOROVOD_GLOO_IFACE")
     if forced:
         return forced
-    from ..rendezvous import interface_of
+    from ..wire.ranks import interface_of
 
     return interface_of(host)

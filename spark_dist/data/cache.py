@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Tuple
 
-from .. import session
+from ..spark import session
 from .checks import _aggregate_cache, _enough_rows, _judge
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
 from .location import CACHE_DIR_CONF, _check_reachable, _parent_url, remote_hosts

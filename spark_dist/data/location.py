@@ -19,7 +19,8 @@ import uuid
 from typing import Iterable, List, Optional
 from urllib.parse import urlparse
 
-from .. import session, tempdirs
+from ..spark import session
+from ..host import tempdirs
 from .handle import DatasetError, local_path, readable_url
 
 logger = logging.getLogger(__name__)

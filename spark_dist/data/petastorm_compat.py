@@ -35,7 +35,7 @@ import sys
 import threading
 import types
 
-from ..import_hooks import PatchOnImport
+from ..host.import_hooks import PatchOnImport
 
 _lock = threading.Lock()
 _installed = False

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .. import session
+from ..spark import session
 from .handle import DatasetHandle, local_path
 from .location import _remove_default_parent
 

@@ -14,7 +14,7 @@ import uuid
 import warnings
 from typing import Dict, Iterable, List, Optional
 
-from .. import jvm, session
+from ..spark import jvm, session
 from .checks import _observed, _value_exprs
 from .handle import delete_dir, open_parquet
 from .schema import VECTOR, by_position, position, sql

@@ -7,9 +7,9 @@ from typing import Any, Dict
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import python_daemon
+from ..spark import python_daemon
 from ..errors import ConfigError
-from ..tracking import Tracker
+from ..driver.tracking import Tracker
 from . import inputs
 from .model import TorchModel
 from .params import TorchParams
@@ -130,7 +130,7 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     # -- fit ------------------------------------------------------------------------------------------------
     def _fit(self, dataset) -> TorchModel:
         from ..backends import get_backend
-        from ..launcher import Distributor
+        from ..driver.distributor import Distributor
 
         module = self.getModel()
         if module is None:

@@ -212,8 +212,8 @@ def check_slots(spark, needed: int, use_gpu: bool) -> None:
         ConfigError: too few task slots; the message names ``numProcesses``.
     """
     from ..config import slot_wait_timeout
-    from ..launcher import _spark_conf
-    from ..resources import wait_for_slots
+    from ..driver.distributor import _spark_conf
+    from ..spark.resources import wait_for_slots
 
     try:
         wait_for_slots(spark, needed, slot_wait_timeout(_spark_conf(spark)), use_gpu)

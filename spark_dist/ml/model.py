@@ -37,7 +37,7 @@ def inference_device(use_gpu: bool):
         return torch.device("cpu")
     from pyspark import TaskContext
 
-    from ..resources import cuda_ordinal, task_gpu_addresses
+    from ..spark.resources import cuda_ordinal, task_gpu_addresses
 
     task = TaskContext.get()
     gpus = task_gpu_addresses(task) if task is not None else []
@@ -65,10 +65,10 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
 
 def _no_background_imports() -> None:
     """Wait for the warm-up imports of a worker that served a training run (training runs share the UDFs'
-    workers, :func:`spark_dist.session.collect_in_udf_workers`) before unpickling a model, which imports its
+    workers, :func:`spark_dist.spark.session.collect_in_udf_workers`) before unpickling a model, which imports its
     classes' modules: two threads importing at once can deadlock on modules that import each other. Waiting
     also keeps the next fit from sharing the worker with an import still under way (BENCHMARKS.md, Spark ML)."""
-    warm_imports = sys.modules.get("spark_dist.warm_imports")
+    warm_imports = sys.modules.get("spark_dist.task.warm_imports")
     if warm_imports is not None:
         warm_imports.warmed()
 
@@ -164,7 +164,7 @@ class TorchModel(Model, TorchParams, TorchPersistence):
 
     def history_frame(self):
         """:attr:`history` as a pandas DataFrame, one row per epoch, ready to plot."""
-        from ..launcher import history_frame
+        from ..driver.distributor import history_frame
 
         return history_frame(self._history)
 

@@ -25,8 +25,9 @@ from typing import Any, Dict, Tuple
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from .. import session
-from ..pickling import by_value
+from ..data import files
+from ..spark import session
+from ..wire.pickling import by_value
 from .params import OBJECT_PARAMS
 
 OBJECTS_FILE = "torch.pt"
@@ -91,7 +92,7 @@ class TorchParamsWriter(MLWriter):
         DefaultParamsWriter.saveMetadata(self.instance, path, _context(self.sparkSession), extraMetadata=extra,
                                          paramMap=json_params)
         if objects:
-            session.write_bytes(self.sparkSession, os.path.join(path, OBJECTS_FILE), dumps(objects))
+            files.write_bytes(self.sparkSession, os.path.join(path, OBJECTS_FILE), dumps(objects))
 
 
 class TorchParamsReader(MLReader):
@@ -111,7 +112,7 @@ class TorchParamsReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         if metadata.get("objects"):
-            objects = loads(session.read_bytes(self.sparkSession, os.path.join(path, OBJECTS_FILE)))
+            objects = loads(files.read_bytes(self.sparkSession, os.path.join(path, OBJECTS_FILE)))
             instance._set(**objects)
         instance._load_extra_metadata(metadata)
         return instance

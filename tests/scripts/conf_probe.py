@@ -16,7 +16,7 @@ import sys
 from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from spark_dist.cli import read_properties  # noqa: E402
+from spark_dist.cli.commands import read_properties  # noqa: E402
 
 # Keys Spark builds from a resource name, and spark_dist's own: not in Spark's registry of entries.
 _DYNAMIC = re.compile(r"^spark\.(driver|executor|task|worker)\.resource\.\w+\.(amount|discoveryScript|vendor)$")

@@ -1,0 +1,354 @@
+"""The driver side of a run: :class:`Distributor`.
+
+One ``run()``: validate (before any job) -> materialise datasets -> per attempt: host the run's store, start
+one barrier task per rank (or local processes), assign ranks as tasks report in, relay reports, watch for
+the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedError`, or a retry.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from ..task import checkpoint_dirs, output
+from ..spark import session
+from . import tracking
+from ..backends import get_backend
+from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
+from ..wire.pickling import by_value
+from ..context import LOG_KEY, REPORT_KEYS
+from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
+from .classic_attempt import ClassicAttempt
+from .connect_attempt import ConnectAttempt
+from .outcome import worth_retrying
+from ..wire.protocol import Job
+
+log = logging.getLogger("spark_dist")
+
+
+class Distributor:
+    """Runs a training function or script on ``num_processes`` ranks of a Spark cluster.
+
+    Args:
+        num_processes: ranks to run; with ``use_gpu`` one per GPU: a task of k GPUs
+            (``spark.task.resource.gpu.amount`` = k) runs k ranks, so ``num_processes`` must be a multiple of k.
+        backend: ``"ddp"`` (PyTorch DDP; call ``init_process_group()`` in your function) or ``"horovod"``.
+        local_mode: run the ranks as processes on the driver instead of Spark tasks.
+        use_gpu: one GPU per rank (``spark.task.resource.gpu.amount`` per task); NCCL is then the backend
+            to pass to ``init_process_group``.
+        max_retries: resubmit a failed run this many times; the function resumes from its last checkpoint.
+        timeout: seconds the whole run may take (all attempts, counted once the datasets are written: a
+            first write of a large DataFrame is Spark's work, not training); ``None`` for no limit.
+        checkpoint_dir: where ``ctx.save_checkpoint`` writes (conf ``spark.dist.checkpointDir``); it must be
+            visible to every executor. Default: a per-run directory in the driver's temp dir.
+        run_id: name of the run; give the id of an earlier run to resume from its checkpoints.
+        verbose: print reports and the final summary on the driver.
+        log_ranks: which ranks' printed lines (stdout, stderr, ``logging``) appear on the driver's
+            ``sys.stdout`` / ``sys.stderr``, each prefixed ``[rank N] ``: ``"all"``, ``"rank0"`` or ``"none"``
+            (default: ``"all"`` when ``verbose``, else ``"none"``). They stay in the executor logs as well.
+        layout: what a node is for the torchrun variables (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+            ``GROUP_RANK``/``NODE_RANK``, ``CUDA_VISIBLE_DEVICES``): ``"host"`` (the default) numbers the ranks
+            of a machine 0, 1, ... as torchrun on that machine would; ``"task"`` makes each Spark task a node,
+            as PySpark's TorchDistributor does (``LOCAL_RANK`` 0 for one-GPU tasks), which recipes written for
+            it expect (Lightning's ``Trainer(devices=1, num_nodes=num_processes)``). Either way
+            ``cuda:LOCAL_RANK`` is the rank's own GPU, and with ``use_gpu=False`` the ranks see no GPU
+            (``CUDA_VISIBLE_DEVICES=""``).
+
+    Raises:
+        ConfigError: a bad argument (raised here or by ``run`` before any Spark job), naming it.
+    """
+
+    def __init__(self, num_processes: int = 1, backend: str = "ddp", local_mode: bool = False,
+                 use_gpu: bool = False, max_retries: int = 0, timeout: Optional[float] = None, *,
+                 checkpoint_dir: Optional[str] = None, run_id: Optional[str] = None, verbose: bool = True,
+                 log_ranks: Optional[str] = None, layout: str = "host", spark=None):
+        self._args = dict(num_processes=num_processes, backend=backend, local_mode=local_mode, use_gpu=use_gpu,
+                          max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir,
+                          layout=layout)
+        RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
+        self.verbose = verbose
+        self._bar = output.ProgressBar()
+        self._tracker = tracking.Tracker.inactive()
+        if log_ranks is not None and log_ranks not in output.LOG_RANKS:
+            raise ConfigError(f"log_ranks must be one of {', '.join(map(repr, output.LOG_RANKS))}, got {log_ranks!r}")
+        self.log_ranks = log_ranks or ("all" if verbose else "none")
+        self._spark = spark
+        self.history: List[Dict[str, Any]] = []
+        self.input_stats: List[Dict[str, Any]] = []  # per rank: input_wait_seconds, train_seconds, batches
+        self.last_run_id: Optional[str] = None
+
+    # ----------------------------------------------------------------------------------------------------
+    def run(self, train_object, *args, datasets: Optional[Dict[str, Any]] = None, **kwargs):
+        """Run ``train_object`` (a function, or the path of a ``.py`` script and its arguments) on every rank.
+
+        Returns:
+            What rank 0's function returned (``None`` for a script).
+
+        Raises:
+            ConfigError: bad settings or input, before any Spark job.
+            TrainingFailedError: a rank failed (after ``max_retries`` retries); it names the first failed
+                rank and host and carries that rank's exception type, message and traceback.
+            RunTimeoutError: the run took longer than ``timeout``.
+        """
+        return self._run(train_object, args, kwargs, datasets)
+
+    def _run(self, train_object, args, kwargs, datasets: Optional[Dict[str, Any]]):
+        spark = self._session()
+        conf = _spark_conf(spark)
+        remote = session.is_connect(spark)
+        if remote:  # the server's driver addresses are not this client's: local mode binds here
+            conf = {k: v for k, v in conf.items() if k not in ("spark.driver.host", "spark.driver.bindAddress")}
+        config = RunConfig.build(spark_conf=conf, **self._args)
+        backend = get_backend(config.backend, config)
+        backend.check_available()
+        job_bytes = _pickle_job(train_object, args, kwargs)
+        if config.local_mode and config.use_gpu:
+            from ..spark.resources import local_gpu_addresses
+
+            local_gpu_addresses(config.num_processes, spark)
+        if not config.local_mode and spark is None:
+            raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
+        self._wait_for_slots(config, spark)
+        handles = {}
+        if datasets:
+            handles = _prepared(spark, datasets, config.num_processes)
+        checkpoint_dir = _run_checkpoint_dir(config)
+        if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
+            from ..data.cache import remote_hosts
+
+            hosts = session.executor_hosts(spark)
+            if hosts is None:  # Spark Connect: the executors' hosts are unknown, so they may be elsewhere
+                unshared = [] if session.is_local_master(spark) else ["hosts a Spark Connect client cannot see"]
+            else:
+                unshared = remote_hosts(config.driver_host, hosts)
+            if unshared:
+                log.warning("spark_dist: run %s may resume from checkpoints, but the default checkpoint dir is "
+                            "on each machine's own disk and executors run on other hosts (%s): a retried rank 0 "
+                            "on another host would not find them. Set spark.dist.checkpointDir (or "
+                            "checkpoint_dir=) to a filesystem every executor sees.", config.run_id,
+                            ", ".join(unshared))
+        self.history, self.input_stats = [], []
+        self.last_run_id = config.run_id
+        self._bar = output.ProgressBar()
+        self._tracker = tracking.Tracker(config.run_id, tracking.run_params({**self._args, "run_id": config.run_id}))
+        try:
+            result = self._attempts(config, spark, remote, backend, job_bytes, handles, checkpoint_dir)
+        except BaseException:
+            self._tracker.end(failed=True)
+            raise
+        self._tracker.input_stats(self.input_stats)
+        self._tracker.end()
+        return result
+
+    def _attempts(self, config: RunConfig, spark, remote: bool, backend, job_bytes: bytes, handles,
+                  checkpoint_dir: str):
+        """Attempt after attempt until one succeeds, or the failures are not worth another."""
+        started = time.monotonic()
+        failures_seen: List[RankFailure] = []
+        for attempt in range(config.max_retries + 1):
+            if attempt:  # a lost executor may still be coming back
+                self._wait_to_retry(config, spark, failures_seen, attempt, started)
+            remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
+            with _kept(handles):  # no eviction of these caches while the ranks read them
+                kind = ConnectAttempt if remote and not config.local_mode else ClassicAttempt
+                outcome = kind(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
+                                   spark, remaining).run()
+            if outcome.failures is None:
+                import cloudpickle
+
+                result = cloudpickle.loads(outcome.result_bytes)
+                self._summary(config, attempt, time.monotonic() - started)
+                if checkpoint_dirs.removed_after_success(config):  # the driver's own copy (local mode)
+                    checkpoint_dirs.remove(checkpoint_dir)
+                return result
+            previous, failures_seen = failures_seen, outcome.failures
+            self._bar.close()
+            if outcome.timed_out:
+                raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
+            if attempt < config.max_retries and worth_retrying(failures_seen, config.num_processes, previous):
+                log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
+                            root_cause(failures_seen).headline())
+                backend = get_backend(config.backend, config)
+                continue
+            raise TrainingFailedError(failures_seen, attempt + 1, config.run_id)
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _wait_for_slots(config: RunConfig, spark, timeout: Optional[float] = None) -> None:
+        if not config.local_mode:
+            from ..spark.resources import wait_for_slots
+
+            wait_for_slots(spark, config.num_tasks, config.slot_wait_timeout if timeout is None else timeout,
+                           config.use_gpu, config.processes_per_task)
+
+    def _wait_to_retry(self, config: RunConfig, spark, failures: List[RankFailure], attempt: int,
+                       started: float) -> None:
+        """Wait for the slots of the next attempt as long as the cluster manager may need to replace a lost
+        executor (a YARN container or Kubernetes pod takes minutes), within ``timeout``.
+
+        Raises:
+            ConfigError: the slots did not come back in time, naming the key; its ``__cause__`` is the
+                :class:`TrainingFailedError` of the attempt that failed.
+        """
+        wait = config.retry_slot_wait_timeout
+        if config.timeout is not None:
+            wait = min(wait, max(config.timeout - (time.monotonic() - started), 0.0))
+        try:
+            self._wait_for_slots(config, spark, wait)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"run {config.run_id} could not be retried: {exc} after waiting {wait:g}s for the cluster to "
+                f"replace lost executors (raise {CONF_RETRY_SLOT_WAIT}, or timeout=); attempt {attempt - 1} had "
+                f"failed: {root_cause(failures).headline()}") from TrainingFailedError(failures, attempt, config.run_id)
+
+    def _session(self):
+        if self._spark is not None:
+            return self._spark
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None or self._args["local_mode"]:
+            return active
+        return SparkSession.builder.getOrCreate()
+
+    def _on_report(self, record: Dict[str, Any]) -> None:
+        if LOG_KEY in record:  # log_to_driver: shown whatever the verbosity, kept nowhere
+            print(record[LOG_KEY], flush=True)
+            return
+        if "input_wait_seconds" in record:  # the rank's input statistics, shown in the summary
+            self.input_stats.append(record)
+            return
+        self.history.append(record)
+        self._tracker.report(record)
+        if self.verbose:
+            metrics = {k: v for k, v in record.items() if k not in REPORT_KEYS}
+            if record.get("rank") == 0:
+                self._bar.show_metrics(metrics)
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+            print(f"[spark_dist rank {record.get('rank')}] {shown}", flush=True)
+
+    def _on_progress(self, progress) -> None:
+        """Where rank 0's loader is (epoch, step, steps, its steps/s): the bar only, not history."""
+        if self.verbose:
+            self._bar.advance(*progress)
+
+    def history_frame(self):
+        """The last run's ``ctx.report`` records as a pandas DataFrame, one row per report in the order they
+        arrived: ``rank``, ``attempt``, ``time`` (a timestamp) and one column per metric, ready to plot
+        (``d.history_frame().query("rank == 0").plot(x="epoch", y="loss")``)."""
+        return history_frame(self.history)
+
+    def _summary(self, config: RunConfig, attempt: int, seconds: float) -> None:
+        self._bar.close()
+        if not self.verbose:
+            return
+        last = next((r for r in reversed(self.history) if r.get("rank") == 0), None)
+        tail = "" if last is None else "; last report: " + " ".join(
+            f"{k}={_fmt(v)}" for k, v in last.items() if k not in REPORT_KEYS)
+        where = "local processes" if config.local_mode else "Spark barrier tasks"
+        retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
+        print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
+              f"finished in {seconds:.2f}s{retried}{tail}", flush=True)
+        for stats in sorted(self.input_stats, key=lambda r: r["rank"]):
+            share = stats["input_wait_seconds"] / max(stats["train_seconds"], 1e-9)
+            hint = "  <- input-bound: raise batch_size or give the loader more cores" if share > 0.3 else ""
+            print(f"[spark_dist]   rank {stats['rank']}: waited {stats['input_wait_seconds']:.2f}s for data in "
+                  f"{stats['train_seconds']:.2f}s of training ({share:.0%}), {stats['batches']} batches{hint}",
+                  flush=True)
+
+
+def _spark_conf(spark) -> Dict[str, str]:
+    """The session's conf, with spark_dist's keys as set at run time (see :func:`session.conf_snapshot`)."""
+    from .. import config as keys
+
+    return session.conf_snapshot(spark, keys.RUNTIME_KEYS)
+
+
+def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
+    """Dataset handles for the ranks: DataFrames are materialised (which needs Spark); handles that
+    ``prepare_datasets`` returned before pass through, so a local-mode run needs no SparkSession for them."""
+    from ..data import DatasetHandle
+
+    if spark is None:
+        if not isinstance(datasets, dict) or not all(isinstance(d, DatasetHandle) for d in datasets.values()):
+            raise ConfigError("datasets= holding DataFrames needs an active SparkSession")
+        from ..data.cache import pass_through
+
+        return {name: pass_through(name, handle, num_ranks) for name, handle in datasets.items()}
+    from ..data import prepare_datasets
+
+    return prepare_datasets(spark, datasets, num_ranks)
+
+
+def _kept(handles: Dict[str, Any]):
+    if not handles:
+        return contextlib.nullcontext()
+    from ..data.cache import in_use
+
+    return in_use(handles.values())
+
+
+def history_frame(records: List[Dict[str, Any]]):
+    """``records`` (reports or per-epoch history) as a pandas DataFrame; ``time`` as timestamps."""
+    import pandas as pd
+
+    frame = pd.DataFrame.from_records(list(records))
+    if "time" in frame.columns:
+        frame["time"] = pd.to_datetime(frame["time"], unit="s")
+    return frame
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _run_checkpoint_dir(config: RunConfig) -> str:
+    """The run's checkpoint directory as its ranks get it, drawn once per run (its retries resume from it):
+    ``<root>/<run_id>`` under a given root, each run its own, so a new run never resumes another's and
+    naming an earlier ``run_id`` resumes it; else the default's name, which each rank places in its own
+    host's private temp dir (:mod:`~spark_dist.task.checkpoint_dirs`, which also checks it there each time).
+
+    Raises:
+        ConfigError: the given root is visible here and the run's directory in it is someone else's or
+            writable by others (checkpoints are unpickled), naming the key to change.
+    """
+    if config.checkpoint_dir is None:
+        return checkpoint_dirs.default_name(config.run_id, named=config.resume)
+    path = os.path.join(config.checkpoint_dir, config.run_id)
+    try:
+        checkpoint_dirs.check_dir(path)
+    except checkpoint_dirs.CheckpointDirError as exc:
+        raise ConfigError(f"{exc} (or use another run_id)") from None
+    except OSError:  # the driver may not mount the executors' shared filesystem: the ranks make and check it
+        pass
+    return path
+
+
+def _pickle_job(train_object, args, kwargs) -> bytes:
+    """Pickle the function (or read the script) on the driver, so errors show here, before any job.
+
+    Raises:
+        ConfigError: ``train_object`` is neither callable nor an existing ``.py`` file.
+    """
+    import cloudpickle
+
+    if isinstance(train_object, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(train_object))
+        if not os.path.isfile(path):
+            raise ConfigError(f"train_object {train_object!r} is not a file (pass a function or a .py path)")
+        if kwargs:
+            raise ConfigError("keyword arguments cannot be passed to a script: pass them as '--name=value' args")
+        with open(path, "rb") as f:
+            source = f.read()
+        job = Job(script_path=path, script_source=source, script_args=tuple(str(a) for a in args))
+        return cloudpickle.dumps(job)
+    if not callable(train_object):
+        raise ConfigError(f"train_object must be a function or a path to a .py file, got {type(train_object).__name__}")
+    with by_value([train_object]):
+        try:
+            return cloudpickle.dumps(Job(fn=train_object, args=tuple(args), kwargs=dict(kwargs)))
+        except Exception as exc:
+            raise ConfigError(f"the training function or its arguments cannot be pickled: {exc}") from exc

@@ -1,0 +1,89 @@
+"""The one place spark_dist reaches into the driver JVM through PySpark's private py4j handles.
+
+PySpark has no public API for these (on either Spark line): the scheduler's concurrent-task count, the
+registered executors' hosts, a DataFrame's analyzed plan (to find the cache a user's own Petastorm converter
+made of it), Hadoop's FileSystem (to list and move files in any scheme Spark itself writes), the JVM's child
+processes (has a Python daemon started?) and the running context's own conf (to choose the daemon of a local
+session before it starts: :mod:`spark_dist.spark.python_daemon`). The handles used (``sc._jsc``,
+``sc._jvm``, ``df._jdf``) are the same on Spark 3.5 and 4.x; keeping them here makes them easy to check
+when a Spark line moves, and marks what a session without a JVM (Spark Connect) must do otherwise.
+"""
+from __future__ import annotations
+
+from typing import Any, List
+
+
+def max_concurrent_tasks(sc) -> int:
+    """Tasks the cluster can run at once under the default resource profile (CPU and GPU amounts both
+    count), as Spark's own barrier slot check computes it."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def executor_hosts(sc) -> List[str]:
+    """The hosts of the executors registered now (the driver's entry included); no Spark job."""
+    return [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]
+
+
+def analyzed_plan(df) -> Any:
+    """The analyzed logical plan of ``df``, as Petastorm's converter keeps it (``meta.df_plan``):
+    ``plan.sameResult(other)`` tells whether two DataFrames hold the same data."""
+    return df._jdf.queryExecution().analyzed()
+
+
+def hadoop_filesystem(sc, path: str):
+    """``(FileSystem, Path)`` for ``path`` through the SparkContext's Hadoop configuration."""
+    jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
+
+
+def list_files(sc, url: str) -> List[str]:
+    """The file URLs directly under ``url`` (any scheme Spark reads), as Hadoop writes them; no Spark job."""
+    fs, jpath = hadoop_filesystem(sc, url)
+    return [status.getPath().toUri().toString() for status in fs.listStatus(jpath) if status.isFile()]
+
+
+def file_identity(sc, url: str) -> tuple:
+    """``(length, modification time)`` of the file at ``url`` (any scheme Spark reads)."""
+    fs, jpath = hadoop_filesystem(sc, url)
+    status = fs.getFileStatus(jpath)
+    return int(status.getLen()), int(status.getModificationTime())
+
+
+def write_bytes(sc, path: str, data: bytes) -> None:
+    """Write ``data`` as a new file at ``path`` (any scheme Spark writes); fails if it exists."""
+    fs, jpath = hadoop_filesystem(sc, path)
+    out = fs.create(jpath, False)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+def read_bytes(sc, path: str) -> bytes:
+    """The whole file at ``path`` (any scheme Spark reads)."""
+    fs, jpath = hadoop_filesystem(sc, path)
+    stream = fs.open(jpath)
+    try:
+        return bytes(sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+def python_workers_started(sc) -> bool:
+    """Whether the driver's JVM has a Python daemon or worker running: a child process run with ``-m <module>``,
+    as Spark starts both. A spark-submit driver (a script) does not count, unless its own arguments hold
+    ``-m``: a false "started", the safe side. A child whose command line cannot be read (one exiting: Hadoop's
+    shell commands come and go) does not count either. Java 9 or later (``ProcessHandle``)."""
+    for child in sc._jvm.java.lang.ProcessHandle.current().children().toArray():
+        arguments = child.info().arguments()
+        if arguments.isPresent() and "-m" in list(arguments.get()):
+            return True
+    return False
+
+
+def set_context_conf(sc, key: str, value: str) -> None:
+    """Set ``key`` in the running SparkContext's own conf (``sc.getConf()`` is a copy), which Spark's driver and,
+    on a local master, its executors read at use. Only for keys Spark reads at use, not at start."""
+    sc._jsc.sc().conf().set(key, value)

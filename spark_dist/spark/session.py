@@ -1,0 +1,253 @@
+"""What spark_dist asks of a Spark session, on a classic session or under Spark Connect.
+
+A classic session has a SparkContext in this process: its conf, slot count and executor hosts come through
+PySpark's private py4j handles (:mod:`spark_dist.spark.jvm`), and jobs run as RDDs. A Spark Connect session is a
+thin client of a remote driver: only the DataFrame API and ``spark.conf`` exist. Every question that has no
+Connect API gets an honest substitute here, said in each function's docstring.
+
+Which kind a session is: the session's own class (:func:`is_connect`). PySpark's ``is_remote()`` tells
+whether this *process* runs Spark Connect; :meth:`spark_dist.Distributor.run` uses it to find the active
+session when none is given, and a process may hold both kinds at once (a test suite does).
+"""
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from . import jvm
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote("sc://...")``)."""
+    if spark is None or type(spark).__module__ == "pyspark.sql.session":
+        return False
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # a pyspark without Connect's client packages (grpcio): no such session exists
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+_context_conf_cache: Dict[str, Dict[str, str]] = {}
+
+
+def conf_snapshot(spark, runtime_keys: Iterable[str] = ()) -> Dict[str, str]:
+    """The session's Spark conf as a dict. On a classic session: the SparkContext's conf (fixed once the
+    context runs, so read once per context: py4j calls cost on the launch path), with ``runtime_keys``
+    also taken from the session's runtime conf (``spark.conf.set("spark.dist.checkpointDir", ...)`` in a
+    notebook works). Under Connect: ``spark.conf.getAll`` (one round trip), which holds the keys that were
+    set (the server's static conf and this session's)."""
+    if spark is None:
+        return {}
+    if is_connect(spark):
+        return dict(spark.conf.getAll)
+    sc = spark.sparkContext
+    key = sc.applicationId  # not id(): a stopped context's address may be reused by the next one
+    if key not in _context_conf_cache:
+        _context_conf_cache.clear()  # one live SparkContext per process
+        _context_conf_cache[key] = dict(sc.getConf().getAll())
+    conf = dict(_context_conf_cache[key])
+    for name in runtime_keys:
+        value = spark.conf.get(name, None)
+        if value is not None:
+            conf[name] = value
+    return conf
+
+
+def set_context_conf(spark, key: str, value: str) -> None:
+    """Set ``key`` in a classic session's running SparkContext conf (:func:`spark_dist.spark.jvm.set_context_conf`: only
+    for keys Spark reads at use), and in :func:`conf_snapshot`'s copy of it."""
+    sc = spark.sparkContext
+    jvm.set_context_conf(sc, key, value)
+    if sc.applicationId in _context_conf_cache:
+        _context_conf_cache[sc.applicationId][key] = value
+
+
+def master(spark) -> str:
+    return spark.conf.get("spark.master", "") if is_connect(spark) else spark.sparkContext.master
+
+
+def app_id(spark) -> str:
+    """The application's id (caches are kept per application)."""
+    return spark.conf.get("spark.app.id") if is_connect(spark) else spark.sparkContext.applicationId
+
+
+def driver_resources(spark) -> Dict[str, Any]:
+    """The driver's Spark resources (``spark.driver.resource.*``: name -> ResourceInformation), as PySpark's
+    TorchDistributor reads them; under Connect the server's driver's."""
+    if is_connect(spark):
+        return dict(spark._client._resources())
+    return dict(spark.sparkContext.resources)
+
+
+def is_local_master(spark) -> bool:
+    name = master(spark)
+    return name == "local" or name.startswith("local[")
+
+
+def task_slots(spark, conf: Optional[Dict[str, str]] = None) -> Optional[int]:
+    """Tasks the cluster can run at once, as Spark's own barrier check counts them; ``None`` when unknown.
+
+    Classic: the scheduler's count (CPU and GPU amounts both count). Spark Connect has no API for it; the
+    substitute is the conf: ``local[N]`` has N slots, ``local-cluster[E,C,M]`` E*C/``spark.task.cpus``, and
+    a cluster with ``spark.executor.instances`` and ``spark.executor.cores`` set has their product over
+    ``spark.task.cpus``, bounded by the executors' GPUs over ``spark.task.resource.gpu.amount`` when tasks take
+    GPUs. Otherwise (``local[*]``, dynamic allocation) it is unknown, and Spark's own barrier check is the one
+    that applies. The count follows the conf, not the executors alive: a retry under Connect does not wait
+    for lost executors to come back.
+    """
+    if not is_connect(spark):
+        return jvm.max_concurrent_tasks(spark.sparkContext)
+    return slots_from_conf(conf_snapshot(spark) if conf is None else conf)
+
+
+def slots_from_conf(conf: Dict[str, str]) -> Optional[int]:
+    """The slot count the conf tells (see :func:`task_slots`), ``None`` when it does not; a pure function."""
+    name = conf.get("spark.master", "")
+    task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
+    if name == "local":
+        return 1
+    local = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", name)
+    if local:
+        return int(local.group(1)) // task_cpus
+    cluster = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", name)
+    if cluster:
+        executors, cores = int(cluster.group(1)), int(cluster.group(2))
+    else:
+        instances, cores_conf = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+        if not (instances and cores_conf) or conf.get("spark.dynamicAllocation.enabled", "false") == "true":
+            return None
+        executors, cores = int(instances), int(cores_conf)
+    slots = executors * (cores // task_cpus)
+    task_gpus = float(conf.get("spark.task.resource.gpu.amount", "0") or 0)
+    if task_gpus > 0:  # each task also needs its GPUs: as many slots as the executors' GPUs allow
+        executor_gpus = float(conf.get("spark.executor.resource.gpu.amount", "0") or 0)
+        slots = min(slots, executors * int(executor_gpus // task_gpus))
+    return slots
+
+
+def executor_hosts(spark) -> Optional[List[str]]:
+    """The hosts of the executors registered now (the driver's entry included); no Spark job. ``None``
+    under Spark Connect, which has no API for it (the cache check asks the executors with a job; the
+    checkpoint warning assumes they may be elsewhere)."""
+    if is_connect(spark):
+        return None
+    return jvm.executor_hosts(spark.sparkContext)
+
+
+def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[Any]:
+    """Run ``fn(task_index)`` in ``tasks`` Spark tasks (one small job, not barrier); its lists, joined."""
+    if not is_connect(spark):
+        return collect_in_udf_workers(spark, spark.sparkContext.parallelize(range(tasks), tasks)
+                                      .mapPartitionsWithIndex(lambda index, _: fn(index)))
+    return records_of(spark.range(0, tasks, 1, tasks).mapInArrow(_arrow_task(fn), RECORDS_SCHEMA).collect())
+
+
+# What SQL's Python runners (pandas_udf, mapInArrow, ...) add to their workers' environment from the session's
+# SQL conf, where it is true: (conf key, its default, the variable set to "1", the first PySpark version that has
+# the key). RDD jobs add none of them (BasePythonRunner.compute). Spark keeps one Python daemon and one pool of
+# idle workers per environment, so without them a training run's workers (torch imported) never serve the
+# model's pandas_udf after a fit, which starts a second daemon and imports torch again in workers of its own (the
+# digits Pipeline's first evaluation after a first fit: 6.6-6.9 s, 5.1-5.4 s in the run's workers; BENCHMARKS.md),
+# and a run never reuses the workers of a user's UDFs.
+_SQL_WORKER_ENV = (
+    ("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true", "SPARK_SIMPLIFIED_TRACEBACK", (3, 0)),
+    ("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "false", "SPARK_HIDE_TRACEBACK", (4, 0)),
+    ("spark.sql.execution.pyspark.udf.tracebackWithLocals.enabled", "false", "SPARK_TRACEBACK_WITH_LOCALS", (4, 3)),
+)
+# The one a run's workers may take: the others would cut spark_dist's own tracebacks to their last line, or put
+# every frame's locals (a run's payloads) into its error messages.
+_SHAREABLE_WORKER_ENV = {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
+_environment_swap = threading.Lock()
+
+
+def udf_workers_env(spark) -> Dict[str, str]:
+    """The variables SQL's Python runners add to their workers' environment in this classic session (a key
+    that this PySpark does not know adds nothing, whatever its value)."""
+    import pyspark
+
+    version = tuple(int(part) for part in re.findall(r"\d+", pyspark.__version__)[:2])
+    return {variable: "1" for key, default, variable, since in _SQL_WORKER_ENV
+            if version >= since and str(spark.conf.get(key, default)).strip().lower() == "true"}
+
+
+def collect_in_udf_workers(spark, rdd) -> List[Any]:
+    """``rdd.collect()`` for a Python RDD of this classic session, its tasks run by the Python workers that the
+    session's SQL UDFs use: its Python function is made with :func:`udf_workers_env` added to the
+    SparkContext's ``environment`` (which PySpark copies into each Python function as it makes it), so Spark
+    keys its workers as it keys theirs. Where that environment is PySpark's default (``SPARK_SIMPLIFIED_TRACEBACK``
+    alone), that is; with the hideTraceback or tracebackWithLocals SQL conf set, the RDD keeps workers of its own.
+    The change the workers show: PySpark shortens the traceback of an exception that escapes the RDD's function
+    and drops its ``__cause__``, as it does for UDFs."""
+    sc = spark.sparkContext
+    extra = udf_workers_env(spark)
+    if extra == _SHAREABLE_WORKER_ENV:
+        with _environment_swap:  # another run's swap in between would restore the wrong dict
+            own = sc.environment
+            if any(own.get(k) != v for k, v in extra.items()):
+                swapped = sc.environment = {**own, **extra}
+                try:
+                    rdd._jrdd  # noqa: B018 -- PipelinedRDD makes its JVM Python function (a copy of the env) here
+                finally:
+                    if sc.environment is swapped:
+                        sc.environment = own
+    return rdd.collect()
+
+
+def _arrow_task(fn: Callable[[int], List[Any]]):
+    def task(batches):
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        yield records_batch(fn(TaskContext.get().partitionId()))
+    return task
+
+
+# What a task returns through the DataFrame API (a mapInArrow job): its records, pickled, one per row.
+RECORDS_SCHEMA = "record binary"
+
+
+def records_batch(records: List[Any]):
+    """``records`` as the Arrow batch a task yields (large_binary: a result may pass 2 GiB, binary's offsets
+    are 32-bit)."""
+    import pickle
+
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"record": [pickle.dumps(r) for r in records]},
+                                      schema=pa.schema([("record", pa.large_binary())]))
+
+
+def records_of(rows) -> List[Any]:
+    """The records of a job's collected rows (see :func:`records_batch`)."""
+    import pickle
+
+    return [pickle.loads(row[0]) for row in rows]
+
+
+def cancel(spark, tag: str) -> None:
+    """Cancel the jobs started under ``tag`` (a job group on a classic session, a tag under Connect)."""
+    if is_connect(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobGroup(tag)
+
+
+def list_files(spark, url: str) -> List[str]:
+    """The Parquet data files directly under ``url`` as Spark lists them (any scheme Spark reads); no job.
+    Under Connect: the files of ``spark.read.parquet(url)`` (``inputFiles``, planned on the server)."""
+    if is_connect(spark):
+        return list(spark.read.parquet(url).inputFiles())
+    return jvm.list_files(spark.sparkContext, url)
+
+
+def file_identity(spark, url: str) -> tuple:
+    """``(length, modification time)`` of the file at ``url`` (any scheme Spark reads). Under Connect,
+    where the client may not reach the file system: Spark's ``binaryFile`` source reads the two fields from
+    the file's status (a small job)."""
+    if is_connect(spark):
+        row = spark.read.format("binaryFile").load(url).select("length", "modificationTime").first()
+        return (int(row[0]), str(row[1])) if row is not None else (-1, -1)
+    return jvm.file_identity(spark.sparkContext, url)

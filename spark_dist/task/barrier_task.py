@@ -1,0 +1,399 @@
+"""The task side of a run: one barrier task (or one local-mode thread) serves its ranks: one, or one per GPU
+of a multi-GPU task.
+
+The task joins the driver's store, publishes where it runs, reads its ranks, then runs the training code in
+a child process per rank and supervises them. Spark tasks *fork* the child from the reused Python worker, where
+torch is already imported (a fresh ``import torch`` costs ~1.65 s; a worker that has initialised CUDA spawns
+instead); local mode spawns a fresh interpreter.
+The child is its own process group, dies with its parent (PR_SET_PDEATHSIG) and is killed by the supervisor
+as soon as any rank's failure sets the run's abort key, so a rank blocked in a collective never hangs the run.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, Iterator, List, Optional
+
+from . import checkpoint_dirs, output
+from ..host import tempdirs
+from ..errors import RankFailure
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, Abort, LaunchSpec, ResultChunk, TaskOutcome, TaskStatus,
+                       assignment_key, beat_key, ended_key, stack_key, task_key)
+from .rank_process import child_main, die_with_parent, exit_rank, signed_store
+from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
+from ..wire.signed_store import SignedStore
+from ..wire.store_log import StoreLog
+from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
+
+RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
+RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
+HEARTBEAT_S = 1.0  # each rank's supervisor counts up beat/<rank> on the driver's store this often
+STDERR_TAIL_BYTES = 16 << 10
+
+
+# --------------------------------------------------------------------------------------------------------
+# Spark task entry
+# --------------------------------------------------------------------------------------------------------
+def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[Any]:
+    """``mapPartitions`` function of the barrier stage: serve the ranks of this task, yield their records."""
+    from pyspark import BarrierTaskContext
+
+    yield from serve_task(spec, task_slots(BarrierTaskContext.get(), spec), fork_child, in_executor=True)
+
+
+def task_slots(task_context, spec: LaunchSpec) -> List[TaskInfo]:
+    """The process slots of this barrier task: one, or one per GPU when the task holds several
+    (``spec.processes_per_task``). ``getTaskInfos()`` is static scheduling information: unlike ``allGather``
+    it costs no barrier sync. Its address is the executor's ``host:port``, which tells the ranks that share an
+    executor Spark reports lost."""
+    from ..spark.resources import task_gpu_addresses
+
+    partition = task_context.partitionId()
+    executor = task_context.getTaskInfos()[partition].address
+    host = executor.rsplit(":", 1)[0]
+    gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
+    k = spec.processes_per_task
+    if k == 1:
+        return [TaskInfo(partition, host, gpus, executor, partition)]
+    if len(gpus) < k:
+        raise RuntimeError(f"spark_dist: this task holds GPUs {list(gpus)} but runs {k} ranks, one per GPU "
+                           "(spark.task.resource.gpu.amount): check the executors' GPU discovery script")
+    return [TaskInfo(partition * k + j, host, (gpus[j],), executor, partition) for j in range(k)]
+
+
+def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor: bool = False) -> Iterator[Any]:
+    """Rendezvous, run a child per slot, and yield their records: :class:`ResultChunk` (rank 0 only), then
+    one :class:`TaskStatus` per slot. ``in_executor``: also pass the ranks' output on to this process's own
+    streams (the executor log); in local mode the driver shows the relayed lines, and nothing else."""
+    store = signed_store(spec)
+    for slot in slots:
+        store.put(task_key(slot.task_index), slot)
+        store.counter(ARRIVED)  # after the value: the driver reads all tasks once the count says they came
+    assignments = _assignments(store, spec, slots)
+    if assignments is None:
+        for slot in slots:
+            yield TaskStatus(slot.task_index, TaskOutcome.ABORTED)
+        return
+    _preload(spec.backend)
+    started = []  # (slot, rank, child, workdir)
+    workdirs = []  # every work directory made, including one whose child failed to start
+    supervised = False
+    try:
+        # Every child starts before any supervisor thread does: a fork while another thread holds a lock
+        # (a stream's, the logging module's) would leave that lock held forever in the child.
+        for slot, assignment in zip(slots, assignments):
+            rank = assignment.rank
+            env = with_gloo_interface(assignment.env, slot.host)
+            workdirs.append(tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}"))
+            started.append((slot, rank, start_child(spec, rank, env, workdirs[-1]), workdirs[-1]))
+        outcomes = _supervise_all(started, store, spec, in_executor)
+        supervised = True
+        checkpoint_dirs.remove_after_success(spec, store, outcomes)  # once the whole run succeeded
+        for (slot, rank, _, workdir), outcome in zip(started, outcomes):
+            if outcome is TaskOutcome.OK and rank.rank == 0:
+                result = _read_file(os.path.join(workdir, "result.pkl"))
+                for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
+                    yield ResultChunk(slot.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
+            yield TaskStatus(slot.task_index, outcome)
+    finally:
+        ranks_trained = any(os.path.exists(os.path.join(workdir, IMPORTED_DYNAMO)) for *_, workdir in started)
+        if not supervised:  # a start failed (or supervision did): the children already running end here,
+            for _, _, child, _ in started:  # reaped, so none is left a zombie of this long-lived worker
+                child.kill()
+                child.reap()
+        for workdir in workdirs:
+            tempdirs.remove(workdir)
+        if in_executor and ranks_trained:
+            warm_for_next_run()
+
+
+def _assignments(store: SignedStore, spec: LaunchSpec, slots: List[TaskInfo]):
+    """Each slot's :class:`~spark_dist.wire.protocol.SlotAssignment`, waited for on its own key (the store wakes
+    the waiter); ``None`` when the driver aborted the rendezvous. The driver declares the rendezvous timeout
+    (and names the tasks that never came); this wait is only a backstop should the driver be gone, so it
+    must not win the race against the driver's abort."""
+    deadline = time.monotonic() + spec.rendezvous_timeout + RENDEZVOUS_BACKSTOP_S
+    assignments = []
+    for slot in slots:
+        assignment = store.wait_for(assignment_key(slot.task_index), max(deadline - time.monotonic(), 0.001))
+        if assignment is None:
+            return None
+        assignments.append(assignment)
+    return assignments
+
+
+def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool = False) -> Iterator[Any]:
+    """:func:`serve_task` for a task of one slot."""
+    return serve_task(spec, [task], start_child, in_executor)
+
+
+def _supervise_all(started, store: SignedStore, spec: LaunchSpec, in_executor: bool) -> List[TaskOutcome]:
+    """Supervise the task's children together: a single child here, several in a thread each (each with its
+    own store connection); their outcomes in order."""
+    if len(started) == 1:
+        _, rank, child, workdir = started[0]
+        return [_supervise(child, store, spec, rank, workdir, in_executor)]
+    outcomes: List[Any] = [None] * len(started)
+
+    def supervise(i):
+        _, rank, child, workdir = started[i]
+        try:
+            outcomes[i] = _supervise(child, signed_store(spec), spec, rank, workdir, in_executor)
+        except BaseException as exc:  # noqa: BLE001 -- re-raised below, in the task's own thread
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=supervise, args=(i,), daemon=True) for i in range(len(started))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
+
+
+def _preload(backend: str) -> None:
+    """Import the backend's module in this long-lived Python worker, so each forked rank starts with it."""
+    if backend == "horovod":
+        try:
+            import horovod.torch  # noqa: F401
+        except ImportError:
+            pass  # the rank's own import reports it
+
+
+def _unsafe_to_fork() -> bool:
+    """A forked rank cannot use CUDA once this worker has initialised it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 -- a torch without CUDA support
+        return False
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Supervision
+# --------------------------------------------------------------------------------------------------------
+class _ChildProcess:
+    """A rank process: pid, a way to wait for its exit code (negative = killed by that signal), and the
+    read ends of its stdout and stderr."""
+
+    def __init__(self, pid: int, stdout_fd: int, stderr_fd: int, popen: Optional[subprocess.Popen] = None):
+        self.pid = pid
+        self.stdout_fd, self.stderr_fd = stdout_fd, stderr_fd
+        self._popen = popen
+
+    def wait(self) -> int:
+        if self._popen is not None:
+            return self._popen.wait()
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # the child leads its own group: its helpers go too
+        except ProcessLookupError:  # a child just forked may not lead its group yet: it alone, then
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def reap(self) -> None:
+        """Wait for the (killed) child and close its pipes: nothing of it is left in this process."""
+        try:
+            self.wait()
+        except ChildProcessError:  # already reaped
+            pass
+        for fd in (self.stdout_fd, self.stderr_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_ABORT_REPORT_GRACE_S = 0.5
+
+
+def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo,
+               workdir: str, in_executor: bool = True) -> TaskOutcome:
+    """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
+    report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.task.output`)."""
+    # Lines are buffered and published only when the driver shows them; the stderr tail always stays.
+    lines = output.LineBuffer() if output.relays(spec.relay_output, rank.rank) else None
+
+    def log(stream):
+        return getattr(stream, "buffer", None) if in_executor else None
+
+    tail = output.StreamReader(child.stderr_fd, "stderr", lines, log(sys.stderr), tail_bytes=STDERR_TAIL_BYTES)
+    readers = [tail, output.StreamReader(child.stdout_fd, "stdout", lines, log(sys.stdout))]
+    for reader in readers:
+        reader.start()
+    publisher = output.Publisher(store, rank.rank, lines) if lines is not None else None
+    exit_code = []
+    waiter = threading.Thread(target=lambda: exit_code.append((child.wait(), time.time())), daemon=True)
+    waiter.start()
+    aborted = False
+    poll = 0.005
+    next_beat = 0.0
+    try:
+        while waiter.is_alive():
+            waiter.join(poll)
+            poll = min(poll * 2, 0.05)
+            if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
+                store.counter(beat_key(rank.rank))
+                next_beat = time.monotonic() + HEARTBEAT_S
+            if publisher is not None:
+                publisher.publish()
+            abort = store.lookup(ABORT) if waiter.is_alive() else None
+            if abort is not None:
+                aborted = True
+                if abort == Abort.TIMEOUT:
+                    store.put(stack_key(rank.rank), _dump_stack(child, tail))
+                else:
+                    # A rank that raised at about the same time as the one that aborted the run is writing
+                    # its own report: let it finish, or "every rank raised the same error" (not retried)
+                    # would look like one rank's error (retried). A rank blocked in a collective waits it out.
+                    waiter.join(_ABORT_REPORT_GRACE_S)
+                child.kill()
+                waiter.join()
+    except BaseException:  # the driver (and its store) went away, or this task is being killed
+        aborted = True
+        child.kill()
+        waiter.join()
+    child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
+    if publisher is not None:  # the pipes' last lines (also those printed just before a SIGKILL)
+        publisher.flush(readers)
+    for reader in readers:
+        reader.join(timeout=2.0)
+    try:
+        return _conclude(store, rank, workdir, exit_code[0], aborted, tail)
+    finally:
+        # The last write: under Spark Connect the first task stops watching (and drops the store) once every
+        # rank has ended, so the failure report must be in the store before this.
+        try:
+            store.put(ended_key(rank.rank), True)  # no more beats: ended, not lost
+        except Exception:  # noqa: BLE001 -- the driver's store may be gone already
+            pass
+
+
+def _conclude(store: SignedStore, rank: RankInfo, workdir: str, exit_code, aborted: bool,
+              tail: output.StreamReader) -> TaskOutcome:
+    """The rank's outcome from how its process ended; a failure is reported (and the run aborted) here."""
+    code, ended = exit_code
+    failure_path = os.path.join(workdir, "failure.pkl")
+    if code == 0 and not aborted:
+        return TaskOutcome.OK
+    if not aborted and not os.path.exists(failure_path) and os.path.exists(os.path.join(workdir, "result.pkl")):
+        # The rank delivered its result and then crashed on its way out (a library's exit handler, gloo
+        # torn down at interpreter shutdown: SIGABRT): the training is done, so say so and keep it.
+        sys.stderr.write(f"spark_dist: WARNING: rank {rank.rank} exited with "
+                         f"{'signal ' + str(-code) if code < 0 else 'code ' + str(code)} after delivering its "
+                         f"result; the result is kept. Its last output:\n{tail.text()[-2000:]}\n")
+        return TaskOutcome.OK
+    if aborted and not os.path.exists(failure_path):  # a rank that had raised by itself still reports it
+        return TaskOutcome.ABORTED
+    if os.path.exists(failure_path):
+        failure: RankFailure = pickle.loads(_read_file(failure_path))
+    elif code < 0:
+        failure = RankFailure(rank.rank, rank.host, "signal", f"killed by signal {-code}", signal=-code,
+                              traceback=tail.text()[-4000:], time=ended)
+    else:
+        failure = RankFailure(rank.rank, rank.host, "exit", "the rank process exited unexpectedly",
+                              exit_code=code, traceback=tail.text()[-4000:], time=ended)
+    StoreLog(store, FAILURES, writer=f"supervisor{rank.rank}").append(failure)
+    store.put(ABORT, Abort.RANK_FAILED)
+    return TaskOutcome.FAILED
+
+
+# --------------------------------------------------------------------------------------------------------
+# Starting the child
+# --------------------------------------------------------------------------------------------------------
+def _dump_stack(child: _ChildProcess, tail: output.StreamReader) -> str:
+    """Ask the child for its Python stack (faulthandler on SIGUSR1) and return what it printed."""
+    before = tail.total
+    try:
+        os.kill(child.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return ""
+    deadline = time.monotonic() + 1.0
+    seen = ""
+    while time.monotonic() < deadline:  # until the dump stops growing
+        time.sleep(0.05)
+        text = tail.since(before)
+        if text and text == seen:
+            break
+        seen = text
+    return tail.since(before)[-4000:]
+
+
+def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
+    """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
+    has initialised CUDA (a GPU ``transform`` ran here, say)."""
+    warmed()
+    if _unsafe_to_fork():
+        return spawn_child(spec, rank, env, workdir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out_read, out_write = os.pipe()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 70
+        try:
+            os.close(read_fd)
+            os.close(out_read)
+            os.setpgid(0, 0)
+            die_with_parent()
+            os.dup2(out_write, 1)
+            os.dup2(write_fd, 2)
+            os.close(write_fd)
+            os.close(out_write)
+            # A pipe makes Python buffer stdout by blocks: line by line, so a SIGKILL loses no printed line.
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.reconfigure(line_buffering=True)
+                except (AttributeError, ValueError):  # not a TextIOWrapper here
+                    pass
+            atexit._clear()  # the Python worker's exit handlers are not the rank's to run
+            code = child_main(spec, rank, env, workdir)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            exit_rank(code)
+    os.close(write_fd)
+    os.close(out_write)
+    return _ChildProcess(pid, out_read, read_fd)
+
+
+def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
+    """Start the rank as a fresh interpreter (local mode: the driver is no place to fork from)."""
+    payload = os.path.join(workdir, "launch.pkl")
+    with open(os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        pickle.dump((spec, rank, env, workdir), f)
+    # No preexec_fn (unsafe with the driver's threads): the child sets its parent-death signal itself.
+    # sys.path, not only PYTHONPATH: inside an executor Spark puts --py-files and addPyFile zips (maybe
+    # spark_dist itself, and the user's modules) on sys.path at run time.
+    python_path = os.pathsep.join(p for p in sys.path if p)
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "spark_dist.task.local_rank", payload, str(os.getpid())],
+        env={**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", **env},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    stdout_fd, stderr_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
+    popen.stdout.close()
+    popen.stderr.close()
+    return _ChildProcess(popen.pid, stdout_fd, stderr_fd, popen)

@@ -1,0 +1,267 @@
+"""Where a run's checkpoints live, and the checks a rank makes before it writes or unpickles one.
+
+Checkpoints are written with ``torch.save`` and read with ``torch.load(weights_only=False)``, which unpickles:
+whoever can write a checkpoint, or the directory that holds it, can run code in every rank that resumes. So a
+rank writes or reads one only where nobody but its own uid can write, checked by the rank itself each time
+(what the driver sees at a path says nothing about an executor's disk):
+
+- the run's directory and the checkpoint file are owned by the rank's uid, not writable by group or others,
+  and not symbolic links: each is opened with ``O_NOFOLLOW`` and checked with ``fstat`` on the open
+  descriptor, so what was checked is what gets used;
+- the default directory's parent, ``<temp dir>/spark_dist-<uid>``, is owner-only (0700) as well.
+
+A directory given with ``spark.dist.checkpointDir`` (``checkpoint_dir=``) reaches the ranks as the absolute
+``<dir>/<run_id>``; the permissions of ``<dir>`` itself (often a shared filesystem's) are the user's to set.
+The default reaches them as a *name*, ``<run_id>-<token>`` (relative, which a given directory never is), that
+each rank places under its own host's ``<temp dir>/spark_dist-<uid>/``. The token is random when spark_dist
+drew the run_id: no two runs share a directory, and the run's retries (same name) resume. When the user gave
+the run_id, the token is derived from it, so running that run_id again on the same machine resumes it; the
+private parent is what keeps others out, not the name. Once a run with a drawn run_id succeeded, each host
+removes its copy (:func:`remove_after_success`); a named run keeps its checkpoints, to be resumed.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from typing import IO, Iterator, Optional
+
+from ..config import CONF_CHECKPOINT_DIR
+
+log = logging.getLogger(__name__)
+
+SUCCESS_WAIT_S = 5.0  # a host waits this long for the run's success before removing its checkpoints
+_FIX = f"set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a directory only you can write"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
+
+
+class CheckpointDirError(PermissionError):
+    """A checkpoint directory or file that someone other than the rank's user could write, or a symbolic link:
+    spark_dist neither writes checkpoints there nor unpickles them."""
+
+
+def default_name(run_id: str, named: bool) -> str:
+    """The name of a run's default directory under each host's private temp dir: ``<run_id>-<token>``, the
+    token random for a drawn run_id, derived from a ``named`` one (so that naming it again resumes)."""
+    if named:
+        token = hashlib.sha256(f"spark_dist-run:{run_id}".encode()).hexdigest()[:16]
+    else:
+        token = secrets.token_hex(8)
+    return f"{run_id}-{token}"
+
+
+def removed_after_success(config) -> bool:
+    """Whether a run's checkpoints (a :class:`~spark_dist.config.RunConfig`'s) go to its own default directory,
+    which every host removes once the run succeeded: not a given directory (never removed), nor a named run's
+    (kept, to be resumed)."""
+    return config.checkpoint_dir is None and not config.resume
+
+
+def is_default(checkpoint_dir: str) -> bool:
+    """Whether ``checkpoint_dir`` (as a rank gets it) names the default directory: a given one is absolute."""
+    return not os.path.isabs(checkpoint_dir)
+
+
+def private_root() -> str:
+    """This host's ``<temp dir>/spark_dist-<uid>``, the parent of the default directories of this user's runs."""
+    return os.path.join(tempfile.gettempdir(), f"spark_dist-{os.getuid()}")
+
+
+def resolve(checkpoint_dir: str) -> str:
+    """The absolute path of ``checkpoint_dir`` on this host: a given one as is, the default under
+    :func:`private_root`.
+
+    Raises:
+        ValueError: a default name that is not a single path component.
+    """
+    if not is_default(checkpoint_dir):
+        return checkpoint_dir
+    if not checkpoint_dir or os.sep in checkpoint_dir or checkpoint_dir in (".", ".."):
+        raise ValueError(f"not a checkpoint directory name: {checkpoint_dir!r}")
+    return os.path.join(private_root(), checkpoint_dir)
+
+
+def check_dir(checkpoint_dir: str, create: bool = True) -> bool:
+    """Check (and with ``create`` make, owner-only) the run's checkpoint directory; False if it does not exist.
+
+    Raises:
+        CheckpointDirError: it (or the default's parent) is not this user's alone, naming the conf key.
+        OSError: it cannot be made or opened.
+    """
+    fd = _open_run_dir(checkpoint_dir, create)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+@contextlib.contextmanager
+def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
+    """A file to write checkpoint ``name`` into the run's directory (made and checked first). On a clean exit
+    it is synced and renamed over ``name`` at once: a crash mid-write never leaves a torn checkpoint.
+
+    Raises:
+        CheckpointDirError: the directory (or the default's parent) is not this user's alone.
+    """
+    dir_fd = _open_run_dir(checkpoint_dir, create=True)
+    tmp = f"{name}.tmp-{os.getpid()}"
+    try:
+        path = os.path.join(resolve(checkpoint_dir), tmp)
+        fd = _open_at(dir_fd, tmp, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with open(fd, "wb") as f:
+            _check(fd, path, want_dir=False)
+            yield f
+            f.flush()
+            os.fsync(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)  # the rename itself survives a crash of the host
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    finally:
+        os.close(dir_fd)
+
+
+def open_checked(checkpoint_dir: str, name: str) -> Optional[IO[bytes]]:
+    """Checkpoint ``name`` of the run opened for reading once it and its directory passed the checks; ``None``
+    when there is none.
+
+    Raises:
+        CheckpointDirError: the file, its directory or the default's parent is not this user's alone.
+    """
+    dir_fd = _open_run_dir(checkpoint_dir, create=False)
+    if dir_fd is None:
+        return None
+    path = os.path.join(resolve(checkpoint_dir), name)
+    try:
+        try:  # O_NONBLOCK: a FIFO in its place must not block the open (the check refuses it)
+            fd = _open_at(dir_fd, name, path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+    finally:
+        os.close(dir_fd)
+    f = open(fd, "rb")
+    try:
+        _check(fd, path, want_dir=False)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def remove(checkpoint_dir: str) -> bool:
+    """Remove this host's copy of a default checkpoint directory, once its parent proved ours; a given
+    directory is never removed. Returns whether something was removed; never raises (logs instead)."""
+    if not is_default(checkpoint_dir):
+        return False
+    try:
+        root = _open_dir(private_root(), create=False, private=True)
+        if root is None:
+            return False
+        os.close(root)
+        # Nobody else can write the checked parent, so the name cannot be swapped; rmtree never follows links.
+        shutil.rmtree(resolve(checkpoint_dir))
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.warning("spark_dist: could not remove the run's checkpoint directory: %s", exc)
+        return False
+    return True
+
+
+def remove_after_success(spec, store, outcomes) -> bool:
+    """In a task whose ranks all ended well: wait (at most :data:`SUCCESS_WAIT_S`) for the driver to say how the
+    whole run ended (the store wakes the waiter), and once it succeeded remove this host's copy of the run's
+    default checkpoint directory. Until then a rank elsewhere may still fail, and its retry resume from these
+    checkpoints. Never raises."""
+    from ..wire.protocol import RUN_SUCCEEDED, TaskOutcome
+
+    if not spec.remove_checkpoint_dir or not spec.checkpoint_dir or any(o is not TaskOutcome.OK for o in outcomes):
+        return False
+    try:
+        if not os.path.isdir(resolve(spec.checkpoint_dir)):
+            return False  # no rank checkpointed on this host: nothing to wait for
+        if not store.wait_for(RUN_SUCCEEDED, SUCCESS_WAIT_S):
+            return False  # the run failed elsewhere: its retry resumes from here
+    except Exception as exc:  # noqa: BLE001 -- a leftover directory must not fail a run that succeeded
+        log.warning("spark_dist: checkpoints of run %s left in %s: %s", spec.run_id,
+                    resolve(spec.checkpoint_dir), exc)
+        return False
+    return remove(spec.checkpoint_dir)
+
+
+# ------------------------------------------------------------------------------------------------------------
+def _open_run_dir(checkpoint_dir: str, create: bool) -> Optional[int]:
+    """A checked descriptor of the run's directory (and of the default's parent first); ``None`` if absent."""
+    if not is_default(checkpoint_dir):
+        if create:  # a given root may not exist yet on this host (the driver may not mount it)
+            os.makedirs(os.path.dirname(checkpoint_dir), mode=0o700, exist_ok=True)
+        return _open_dir(checkpoint_dir, create)
+    root = _open_dir(private_root(), create, private=True)
+    if root is None:
+        return None
+    try:
+        return _open_dir(resolve(checkpoint_dir), create, parent_fd=root)
+    finally:
+        os.close(root)
+
+
+def _open_dir(path: str, create: bool, private: bool = False, parent_fd: Optional[int] = None) -> Optional[int]:
+    """``path`` (relative to ``parent_fd`` by its last component when given) opened without following a link
+    and checked; made owner-only first with ``create``. ``None`` when it does not exist."""
+    target = os.path.basename(path) if parent_fd is not None else path
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(target, 0o700, dir_fd=parent_fd)
+    try:
+        fd = _open_at(parent_fd, target, path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        _check(fd, path, want_dir=True, private=private)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_at(dir_fd: Optional[int], name: str, path: str, flags: int) -> int:
+    """``os.open`` of ``name`` (in ``dir_fd``) never through a link at its end; ``path`` names it in errors."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            _refuse(path, "a symbolic link or not a directory" if flags & os.O_DIRECTORY else "a symbolic link")
+        raise
+
+
+def _check(fd: int, path: str, want_dir: bool, private: bool = False) -> None:
+    """Refuse what is not ours alone: another owner, group or others may write (or, ``private``, use) it."""
+    info = os.fstat(fd)
+    me = os.getuid()
+    if want_dir and not stat.S_ISDIR(info.st_mode):
+        _refuse(path, "not a directory")
+    if not want_dir and not stat.S_ISREG(info.st_mode):
+        _refuse(path, "not a regular file")
+    if info.st_uid != me:
+        _refuse(path, f"owned by uid {info.st_uid}, not by this rank's uid {me}")
+    if info.st_mode & (0o077 if private else 0o022):
+        need = "owner-only (chmod 700)" if private else "writable by its owner alone (chmod go-w)"
+        _refuse(path, f"of mode {stat.S_IMODE(info.st_mode):04o}, where it must be {need}")
+
+
+def _refuse(path: str, problem: str) -> None:
+    raise CheckpointDirError(
+        f"spark_dist: the checkpoint path {path} is {problem}. Checkpoints are unpickled, so whoever can write "
+        f"there could run code in every rank that resumes: {_FIX}, or fix or remove {path}")
+
+
+__all__ = ["CheckpointDirError", "atomic_write", "check_dir", "default_name", "is_default", "open_checked",
+           "private_root", "remove", "remove_after_success", "removed_after_success", "resolve"]

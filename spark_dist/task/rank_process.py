@@ -1,0 +1,206 @@
+"""Inside a rank process: what a forked or spawned rank runs (:func:`child_main`), how it reports to the
+driver (the run's store), and how it ends (:func:`exit_rank`).
+
+The rank writes ``result.pkl`` or ``failure.pkl`` into the work directory its supervisor made
+(:mod:`spark_dist.task.barrier_task`), which reads it once the rank has exited.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from typing import Dict, Optional
+
+from ..errors import RankFailure
+from ..wire.protocol import PROGRESS, REPORTS, Job, LaunchSpec
+from ..wire.ranks import RankInfo
+from ..wire.signed_store import SignedStore, join_store
+from ..wire.store_log import StoreLog
+from .warm_imports import IMPORTED_DYNAMO
+
+
+def signed_store(spec: LaunchSpec) -> SignedStore:
+    return SignedStore(join_store(spec.store_host, spec.store_port, spec.rendezvous_timeout), spec.secret, spec.prefix)
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, so a killed Spark worker leaves no rank behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def exit_rank(code: int) -> None:
+    """End a rank process: the exit handlers the rank registered itself (MLflow, TensorBoard and wandb flush
+    their runs here; a forked rank cleared the worker's when it started), every buffered output line, then
+    ``os._exit``. No interpreter teardown: a forked rank must not run the worker's own, and freeing the
+    process groups :mod:`spark_dist.task.teardown` keeps could hang in torch's gloo destructor."""
+    try:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed by the rank's code
+                pass
+        _flush_c_stdio()
+    finally:
+        os._exit(code)
+
+
+def _flush_c_stdio() -> None:
+    """What C or C++ code printed (``printf``, ``std::cout`` through stdio) and still buffers: ``exit()`` would
+    flush it, ``os._exit`` does not."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> int:
+    """Run the job as rank ``rank``; write ``result.pkl`` or ``failure.pkl`` into ``workdir``; return the
+    exit code."""
+    import faulthandler
+
+    import cloudpickle
+
+    from .. import context
+    from . import teardown
+
+    os.environ.update(env)
+    teardown.keep_process_groups_until_exit()  # a rank that frees its DDP model could hang at exit otherwise
+    faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout
+    if spec.collective_timeout:
+        _set_collective_timeout(spec.collective_timeout)
+    reporter = _Reporter(spec, rank.rank)
+    ctx = context.TrainContext(
+        rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
+        local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
+        run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, gpus=rank.gpus, checkpoint_dir=spec.checkpoint_dir,
+        datasets=dict(spec.datasets), _reporter=reporter,
+    )
+    context._set_context(ctx)
+    try:
+        job: Job = cloudpickle.loads(spec.job_bytes)
+        if job.script_path is not None:
+            _run_script(job, workdir)
+            result = None
+        else:
+            started = time.perf_counter()
+            result = job.fn(*job.args, **job.kwargs)
+            _report_input_wait(ctx, reporter, time.perf_counter() - started)
+        from .result import encode_result
+
+        data = encode_result(result if rank.rank == 0 else None, spec.max_result_bytes)
+        write_private(os.path.join(workdir, "result.pkl"), data)
+        return 0
+    except SystemExit as exc:  # a script's sys.exit(n)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code == 0:
+            write_private(os.path.join(workdir, "result.pkl"), cloudpickle.dumps(None))
+            return 0
+        failure = RankFailure(rank.rank, rank.host, "exit", f"sys.exit({exc.code!r})", exit_code=code,
+                              traceback=traceback.format_exc(), time=time.time())
+        write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
+        return code
+    except BaseException as exc:
+        failure = RankFailure(rank.rank, rank.host, "exception", str(exc),
+                              exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
+                              traceback=traceback.format_exc(), time=time.time(),
+                              exception_bytes=_try_pickle(exc))
+        write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
+        traceback.print_exc()
+        return 1
+    finally:
+        context._set_context(None)
+        # A rank that trained imported torch._dynamo (torch.optim's step does): the worker warms up for the next
+        # run. A rank forked from a worker already warm has it anyway; the warm-up then has nothing to do.
+        if "torch._dynamo" in sys.modules:
+            try:
+                write_private(os.path.join(workdir, IMPORTED_DYNAMO), b"")
+            except OSError:
+                pass  # only a hint
+
+
+def _report_input_wait(ctx, reporter, seconds: float) -> None:
+    """Tell the driver how long this rank waited for data, so a user sees when input is the bottleneck."""
+    if ctx.loaders:
+        waited = sum(loader.wait_seconds for loader in ctx.loaders)
+        reporter({"rank": ctx.rank, "time": time.time(), "input_wait_seconds": round(waited, 3),
+                  "train_seconds": round(seconds, 3), "batches": sum(loader.batches for loader in ctx.loaders)})
+
+
+def _set_collective_timeout(seconds: float) -> None:
+    """Make ``init_process_group()`` without ``timeout=`` use ours: a collective whose peer never comes
+    then raises instead of waiting torch's default 30 minutes."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timedelta(seconds=seconds)
+    c10d.default_pg_nccl_timeout = timedelta(seconds=seconds)
+
+
+def _run_script(job: Job, workdir: str) -> None:
+    """Run a script as ``python script.py args`` would, in this already-warm interpreter."""
+    import runpy
+
+    path = job.script_path
+    if not os.path.exists(path):  # another machine: run the copy the driver shipped
+        path = os.path.join(workdir, os.path.basename(job.script_path))
+        write_private(path, job.script_source)
+    sys.argv = [path, *job.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+
+
+def _try_pickle(exc: BaseException) -> Optional[bytes]:
+    try:
+        import cloudpickle
+
+        data = cloudpickle.dumps(exc)
+        cloudpickle.loads(data)
+        return data
+    except Exception:
+        return None
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Owner-only, and atomic: a rank killed mid-write leaves no half file for its supervisor to read."""
+    partial = path + ".partial"
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(data)
+    os.replace(partial, path)
+
+
+class _Reporter:
+    """Sends ``ctx.report`` records to the driver through the run's ``reports`` log, and rank 0's loader
+    progress as one overwritten value (connected on first use)."""
+
+    def __init__(self, spec: LaunchSpec, rank: int):
+        self._spec, self._rank = spec, rank
+        self._store: Optional[SignedStore] = None
+        self._log: Optional[StoreLog] = None
+
+    def _connected(self) -> SignedStore:
+        if self._store is None:
+            self._store = signed_store(self._spec)
+            self._log = StoreLog(self._store, REPORTS, writer=f"rank{self._rank}")
+        return self._store
+
+    def __call__(self, record: dict) -> None:
+        self._connected()
+        self._log.append(record)
+
+    def progress(self, value: tuple) -> None:
+        self._connected().put(PROGRESS, value)

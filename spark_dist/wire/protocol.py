@@ -1,0 +1,155 @@
+"""The protocol between the driver (``coordinator.py``) and its tasks (``worker.py``), in one place.
+
+One attempt speaks through the attempt's signed store (see :mod:`spark_dist.wire.signed_store`), hosted by the driver
+(under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys:
+
+==========================  =====================  ============================================================
+key                         written by             holds
+==========================  =====================  ============================================================
+``task/<index>``            each task              its slots' :class:`~spark_dist.wire.ranks.TaskInfo` (where they run)
+``arrived``                 each task              an unsigned counter, bumped after ``task/<index>``: a hint for
+                                                   when to read the tasks (read once, all at once)
+``assignment/<index>``      the driver             the slot's :class:`SlotAssignment` (``None``: the rendezvous
+                                                   was aborted); each task waits on its own key
+``abort``                   anyone                 an :class:`Abort` reason: every supervisor stops its rank
+``reports`` (log)           ranks                  ``ctx.report`` records (dicts), see :mod:`spark_dist.wire.store_log`
+``output`` (log)            supervisors            ``(rank, [(stream, line), ...])``: the lines a rank printed
+``failures`` (log)          supervisors            each failed rank's :class:`~spark_dist.errors.RankFailure`
+``progress``                rank 0                 ``(epoch, step, steps, steps_per_second)`` of its loader,
+                                                   overwritten: the driver's bar shows the latest
+``stack/<rank>``            a supervisor           the rank's Python stack, dumped when the run timed out
+``beat/<rank>``             a supervisor           an unsigned counter bumped every second (only its changes count)
+``ended/<rank>``            a supervisor           ``True`` once the rank has ended (signed: a forged one is
+                                                   absent)
+``succeeded``               the driver             ``True`` once every rank has ended without a failure,
+                                                   ``False`` once the run failed or was aborted
+==========================  =====================  ============================================================
+
+The logs are the only channel whose volume depends on the user's code, and the driver deletes what it has
+read; every other key holds one small value per task or rank. Unsigned counters (``arrived``, ``beat``) are
+hints: a forged value costs at most one extra read, never a loop over its size.
+
+Each task's Spark records (what ``collect()`` returns) are :class:`ResultChunk` and :class:`TaskStatus`.
+"Task" in these keys and records means a process slot, one rank: a Spark task holding k GPUs serves k of them
+(:attr:`LaunchSpec.processes_per_task`), numbered ``spark_task * k + position``.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+from .ranks import RankInfo
+
+ABORT = "abort"
+ARRIVED = "arrived"
+REPORTS = "reports"
+OUTPUT = "output"
+FAILURES = "failures"
+PROGRESS = "progress"
+RUN_SUCCEEDED = "succeeded"
+
+
+def task_key(task_index: int) -> str:
+    return f"task/{task_index}"
+
+
+def assignment_key(task_index: int) -> str:
+    return f"assignment/{task_index}"
+
+
+def ended_key(rank: int) -> str:
+    return f"ended/{rank}"
+
+
+def stack_key(rank: int) -> str:
+    return f"stack/{rank}"
+
+
+def beat_key(rank: int) -> str:
+    return f"beat/{rank}"
+
+
+class Abort(str, enum.Enum):
+    """Why a run was aborted (the value of the ``abort`` key). A supervisor dumps its rank's stack before
+    killing it only on :attr:`TIMEOUT`."""
+
+    TIMEOUT = "timeout"
+    RENDEZVOUS_TIMEOUT = "rendezvous timeout"
+    HOST_LOST = "host lost"
+    RANK_FAILED = "a rank failed"
+    JOB_FAILED = "the Spark job failed"
+    CANCELLED = "cancelled on the driver"
+
+
+class TaskOutcome(str, enum.Enum):
+    """How a task's rank ended, as its supervisor saw it."""
+
+    OK = "ok"              # the rank returned (or exited 0); rank 0's result chunks precede this status
+    ABORTED = "aborted"    # the run's abort stopped it before it failed by itself
+    FAILED = "failed"      # it failed and wrote a failure report
+
+
+@dataclass(frozen=True)
+class ResultChunk:
+    """A piece of rank 0's pickled result (a large result travels in several)."""
+
+    task_index: int
+    chunk_no: int
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """The last record of every task."""
+
+    task_index: int
+    outcome: TaskOutcome
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a rank runs: a function with its arguments, or a script with its argv."""
+
+    fn: Any = None
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    script_path: Optional[str] = None
+    script_source: Optional[bytes] = None
+    script_args: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything a task needs to serve a rank in one attempt. Travels inside the Spark closure."""
+
+    run_id: str
+    attempt: int
+    store_host: str
+    store_port: int
+    job_bytes: bytes = field(repr=False)
+    secret: bytes = field(repr=False)
+    use_gpu: bool = False
+    rendezvous_timeout: float = 300.0
+    checkpoint_dir: Optional[str] = None
+    datasets: Dict[str, Any] = field(default_factory=dict)
+    collective_timeout: Optional[float] = None
+    backend: str = "ddp"
+    max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
+    processes_per_task: int = 1  # ranks each Spark task runs (one per GPU of a multi-GPU task)
+    relay_output: str = "all"  # whose printed lines the driver reads: "all", "rank0" or "none" (log_ranks)
+    # checkpoint_dir is the run's own default (a name under each host's private temp dir, see checkpoint_dirs):
+    # each host removes its copy once the run succeeded. Never set for a given dir or a named run_id.
+    remove_checkpoint_dir: bool = False
+
+    @property
+    def prefix(self) -> str:
+        return f"spark_dist/{self.run_id}/{self.attempt}"
+
+
+@dataclass(frozen=True)
+class SlotAssignment:
+    """The driver's answer to one process slot (``assignment/<task_index>``): its rank and environment."""
+
+    rank: RankInfo
+    env: Dict[str, str]

@@ -1,0 +1,221 @@
+"""The run's store: one ``torch.distributed.TCPStore`` per attempt, with signed, pickled values.
+
+The driver hosts it (the first task, under Connect). Tasks join it as clients, publish where they run, and read
+back the assignment computed for them: no Spark barrier sync on the launch path. ``init_process_group()`` joins
+the same store (TORCHELASTIC_USE_AGENT_STORE). Values are signed with a per-attempt secret and checked before
+anything is unpickled.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import pickle
+import socket
+import time
+from datetime import timedelta
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
+
+from ..errors import ConfigError
+
+_Bound = TypeVar("_Bound")
+
+
+def bind_listener(host: str, port: int = 0) -> socket.socket:
+    """A listening socket on ``host`` only, on ``port`` (0: a free one). torch's TCPStore would listen on
+    all interfaces whatever host it is given; binding here and passing the descriptor keeps it on one.
+
+    Raises:
+        OSError: ``port`` is taken.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    return sock
+
+
+def bind_in_range(host: str, ports: Optional[Tuple[int, int]], key: str,
+                  bind: Callable[[str, int], _Bound] = bind_listener) -> _Bound:
+    """``bind(host, port)`` on the first free port of ``ports`` (``(first, last)``, both included, as the conf
+    key ``key`` gave them, so that a firewall needs to open only those); ``ports=None``: port 0, any free one.
+
+    Raises:
+        ConfigError: naming ``key`` and the ports: every one is taken on ``host``, or one needs privileges.
+        OSError: any other failure (``host`` is no address of this machine), at once: no port would help.
+    """
+    if ports is None:
+        return bind(host, 0)
+    first, last = ports
+    for port in range(first, last + 1):
+        try:
+            return bind(host, port)
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                raise ConfigError(f"{key}: port {port} on {host} needs privileges this process lacks ({exc}); "
+                                  "use ports above 1023") from None
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    if first == last:
+        raise ConfigError(f"{key}={first}: port {first} is taken on {host}; free it, or give a range (for "
+                          f"example {first}-{min(first + 100, 65535)}) so that another run or attempt can take "
+                          "the next port")
+    raise ConfigError(f"{key}={first}-{last}: every port of the range is taken on {host}; widen the range")
+
+
+class SignedStore:
+    """A TCPStore with signed, pickled values under one key prefix.
+
+    ``get`` verifies the HMAC before unpickling, so a stranger who reaches the port can neither make the
+    driver nor a task unpickle its bytes."""
+
+    def __init__(self, store, secret: bytes, prefix: str):
+        self.raw = store
+        self._secret = secret
+        self._prefix = prefix
+
+    def key(self, name: str) -> str:
+        return f"{self._prefix}/{name}"
+
+    def _sign(self, name: str, data: bytes) -> bytes:
+        # The key is signed too: a valid value copied under another key (say, "abort") does not pass.
+        return hmac.new(self._secret, self.key(name).encode() + b"\0" + data, hashlib.sha256).digest()
+
+    def _signed(self, name: str, value) -> bytes:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._sign(name, data) + data
+
+    def _verified(self, name: str, blob: bytes):
+        """The value in ``blob`` if we signed it under ``name`` (checked before unpickling), else ``FORGED``."""
+        mac, data = blob[:32], blob[32:]
+        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(name, data)):
+            return FORGED
+        return pickle.loads(data)
+
+    def put(self, name: str, value) -> None:
+        self.raw.set(self.key(name), self._signed(name, value))
+
+    def get(self, name: str):
+        """The value of ``name`` (which must exist).
+
+        Raises:
+            PermissionError: it is not a value we signed (rejected unread).
+        """
+        value = self._verified(name, self.raw.get(self.key(name)))
+        if value is FORGED:
+            raise PermissionError(f"store value {name!r} failed its signature check: rejected unread")
+        return value
+
+    def lookup(self, name: str, default=None):
+        """The value of ``name`` when it holds one we signed, else ``default`` (absent or forged alike)."""
+        if not self.raw.check([self.key(name)]):
+            return default
+        value = self._verified(name, self.raw.get(self.key(name)))
+        return default if value is FORGED else value
+
+    def has(self, name: str) -> bool:
+        """True when ``name`` holds a value we signed; a forged one counts as absent."""
+        return self.lookup(name, FORGED) is not FORGED
+
+    def get_many(self, names: Sequence[str]) -> List[Any]:
+        """The values of ``names`` (which must all exist) in one round trip; a forged one is ``FORGED``."""
+        blobs = self.raw.multi_get([self.key(n) for n in names])
+        return [self._verified(n, blob) for n, blob in zip(names, blobs)]
+
+    def put_many(self, values: Dict[str, Any]) -> None:
+        """``put`` for each name, in one round trip."""
+        self.raw.multi_set([self.key(n) for n in values], [self._signed(n, v) for n, v in values.items()])
+
+    def counter(self, name: str, increment: int = 1) -> int:
+        """An unsigned counter: anyone who reaches the store can set it to anything, so callers use it only
+        as a hint (whether to look) and never as a count of work to do."""
+        return int(self.raw.add(self.key(name), increment))
+
+    # -- queues: the store log's records (see spark_dist.wire.store_log) ---------------------------------------
+    def push(self, queue: str, value) -> None:
+        """Append ``value``, signed, to the FIFO ``queue``. The store applies a client's requests in order,
+        so a later round trip on this client (``queue_len``) returns only once it is in."""
+        self.raw.queue_push(self.key(queue), self._signed(queue, value))
+
+    def pop(self, queue: str):
+        """The oldest value of ``queue``, removed from the store; ``EMPTY`` when there is none and ``FORGED``
+        for a value we did not sign (removed unread all the same)."""
+        from torch.distributed import QueueEmptyError
+
+        try:
+            blob = self.raw.queue_pop(self.key(queue), False)
+        except QueueEmptyError:
+            return EMPTY
+        return self._verified(queue, blob)
+
+    def queue_len(self, queue: str) -> int:
+        return int(self.raw.queue_len(self.key(queue)))
+
+    def wait_for(self, name: str, timeout: float):
+        """Wait until ``name`` holds a value we signed and return it (the store wakes the waiter: no polling;
+        a forged value is waited past, polling then).
+
+        Raises:
+            TimeoutError: no signed value appeared within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {timeout:.0f}s for {name!r} in the run's store")
+            if not self.raw.check([self.key(name)]):
+                try:
+                    self.raw.wait([self.key(name)], timedelta(seconds=left))
+                except Exception:  # noqa: BLE001 -- torch's DistStoreError on its timeout: checked above
+                    continue
+            value = self._verified(name, self.raw.get(self.key(name)))
+            if value is not FORGED:
+                return value
+            time.sleep(min(0.05, max(left, 0)))  # a forged value sits there: look again until ours replaces it
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+EMPTY = _Marker("EMPTY")  # pop: the queue holds nothing
+FORGED = _Marker("FORGED")  # a value that failed its signature check
+
+
+def host_store(host: str, timeout: float, listener: Optional[socket.socket] = None):
+    """Start a TCPStore server on ``host`` (on ``listener`` if given: a socket from :func:`bind_listener`,
+    so the port can be handed out before torch is even imported); returns ``(store, port)``. The store owns
+    the listening socket from here on: dropping the last reference to it closes the port. Clients that
+    connect before the server runs wait in the listen backlog."""
+    from torch.distributed import TCPStore
+
+    listener = listener or bind_listener(host)
+    port = listener.getsockname()[1]
+    # This process's own client connects to where the server listens (loopback for a wildcard bind).
+    own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    store = TCPStore(
+        own, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
+    listener.detach()
+    return store, port
+
+
+def join_store(host: str, port: int, timeout: float):
+    """A client of the run's store.
+
+    Raises:
+        RuntimeError / TimeoutError from torch when the driver cannot be reached.
+    """
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, None, False, timedelta(seconds=timeout))

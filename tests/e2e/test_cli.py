@@ -1,0 +1,298 @@
+"""The ``spark-dist`` command and the spark-submit entry, run as a user would: in a subprocess.
+
+Each command starts (and stops) its own SparkSession, so every call runs in its own process group with a
+timeout; the training scripts in tests/scripts/ are plain torchrun scripts.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from clusters import free_port
+from commands import (BIN, Result, CLUSTER_CONF, FAIL, REPO, SCRIPTS, TRAIN, assert_only_aborted_on_the_way_out,
+                      assert_trained, load_snapshot, run_command, spark_dist)
+
+
+# ------------------------------------------------------------------------------------- usage (no Spark)
+def test_help_documents_every_option():
+    top = spark_dist("--help")
+    assert top.returncode == 0
+    assert "run" in top.stdout and "submit-path" in top.stdout and "exit codes" in top.stdout
+    run = spark_dist("run", "--help")
+    assert run.returncode == 0
+    for option in ("--master", "--num-processes", "--backend", "--local-mode", "--use-gpu", "--max-retries",
+                   "--timeout", "--conf", "--properties-file", "--run-id", "--checkpoint-dir", "--layout", "script"):
+        assert option in run.stdout, option
+    for code in ("0", "1", "2", "124"):
+        assert f"\n  {code} " in run.stdout
+
+
+def test_console_script_runs_the_same_command():
+    result = run_command([os.path.join(BIN, "spark-dist"), "run", "--help"])
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: spark-dist run")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--num-processes", "two", TRAIN], "invalid int value: 'two'"),
+    (["run", "--bogus", TRAIN], "unrecognized arguments: --bogus"),
+    (["run", "--backend", "mpi", TRAIN], "invalid choice: 'mpi'"),
+    (["run", "--conf", "spark.executor.memory", TRAIN], "expected key=value"),
+    (["run", "--timeout", "-3", TRAIN], "must be > 0"),
+    (["run"], "the following arguments are required: script"),
+    (["launch", TRAIN], "invalid choice: 'launch'"),
+])
+def test_bad_usage_exits_2(args, message):
+    result = spark_dist(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_script_exits_2_without_starting_spark(tmp_path):
+    result = spark_dist("run", "--master", "local[2]", "-n", "2", tmp_path / "no_such.py", "--lr", "1")
+    assert result.returncode == 2
+    assert "no_such.py' not found" in result.stderr
+    assert "SparkContext" not in result.stderr and result.seconds < 30
+
+
+def test_bad_setting_exits_2_naming_it_before_starting_spark():
+    result = spark_dist("run", "--master", "local[2]", "--num-processes", "0", TRAIN, "--snapshot", "x")
+    assert result.returncode == 2
+    assert "configuration error: num_processes has to be a positive integer" in result.stderr
+    assert result.seconds < 30
+
+
+def test_options_after_the_script_belong_to_the_script(tmp_path):
+    # "--help" and "--master" after the script path are the script's: spark-dist does not take them.
+    result = spark_dist("run", tmp_path / "missing.py", "--help", "--master", "x")
+    assert result.returncode == 2
+    assert "missing.py' not found" in result.stderr
+
+
+def test_submit_path_names_the_file_spark_submit_runs():
+    result = spark_dist("submit-path")
+    assert result.returncode == 0
+    path = result.stdout.strip()
+    assert path == os.path.join(REPO, "spark_dist", "cli", "submit_entry.py")
+    assert os.path.isfile(path)
+
+
+# ------------------------------------------------------------------------------- local mode and torchrun
+def test_timeout_exits_124(tmp_path):
+    result = spark_dist("run", "--local-mode", "-n", "2", "--timeout", "3", os.path.join(SCRIPTS, "sleep_forever.py"))
+    assert result.returncode == 124
+    assert "timed out" in result.stderr and "timeout=3s" in result.stderr
+
+
+def test_torchrun_script_runs_unchanged_under_torchrun_and_spark_dist(tmp_path):
+    """The same file under real torchrun, then under spark-dist in local mode and on local[2], each resuming the
+    snapshot the one before left."""
+    snapshot = tmp_path / "snap.pt"
+    torchrun = run_command([os.path.join(BIN, "torchrun"), "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                            f"--master_port={free_port()}", TRAIN, "--snapshot", str(snapshot), "--epochs", "2"],
+                           cwd=tmp_path)
+    assert "epoch 1 loss" in torchrun.stdout, torchrun.stderr[-3000:]
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+    if torchrun.returncode != 0:
+        assert_only_aborted_on_the_way_out(torchrun)
+
+    resumed = spark_dist("run", "--local-mode", "--num-processes", "2", TRAIN, "--snapshot", snapshot,
+                         "--epochs", "3", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from epoch 2 of {snapshot}" in resumed.stdout
+    assert "2 ranks (ddp, local processes) finished" in resumed.stdout
+    assert_trained(load_snapshot(snapshot), epochs=3, starts=[0, 2])
+
+    # On local[2], as Spark barrier tasks (runs there from scratch: the failing rank below, and test_frameworks'
+    # pytorch/examples script).
+    on_tasks = spark_dist("run", "--master", "local[2]", "--num-processes", "2", TRAIN, "--snapshot", snapshot,
+                          "--epochs", "4", cwd=tmp_path)
+    assert on_tasks.returncode == 0, on_tasks.stderr[-3000:]
+    assert f"resuming from epoch 3 of {snapshot}" in on_tasks.stdout
+    assert "2 ranks (ddp, Spark barrier tasks) finished" in on_tasks.stdout
+    assert_trained(load_snapshot(snapshot), epochs=4, starts=[0, 2, 3])
+
+
+# ------------------------------------------------------------------------------------------ local[2]
+def test_failing_rank_exits_1_with_that_ranks_traceback(tmp_path):
+    result = spark_dist("run", "--master", "local[2]", "--num-processes", "2", FAIL, "--rank", "1", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "training failed: rank 1 on host 127.0.0.1 raised ValueError: corrupt record in shard 1" in result.stderr
+    report = result.stderr[result.stderr.index("training failed:"):]
+    assert "Traceback on that rank:" in report
+    assert 'fail_on_rank.py", line 17, in load_batch' in report
+    assert "finished in" not in result.stdout
+
+
+def test_spark_conf_error_exits_2_naming_the_key(tmp_path):
+    result = spark_dist("run", "--master", "local[2]", "--conf", "spark.dynamicAllocation.enabled=true",
+                        "-n", "2", TRAIN, "--snapshot", tmp_path / "s.pt", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "configuration error:" in result.stderr
+    assert "spark.dynamicAllocation.enabled=false" in result.stderr
+    assert not (tmp_path / "s.pt").exists()
+
+
+# --------------------------------------------------------------------------------- standalone cluster
+def test_run_on_standalone_cluster(standalone_cluster, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    result = spark_dist("run", "--master", standalone_cluster.master_url, "--num-processes", "2", *CLUSTER_CONF,
+                        TRAIN, "--snapshot", snapshot, "--epochs", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 ranks (ddp, Spark barrier tasks) finished" in result.stdout
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+
+
+def spark_submit(cluster, spark_args, entry_args, cwd) -> Result:
+    """spark-submit [spark_args] $(spark-dist submit-path) [entry_args], as a user types it."""
+    path = spark_dist("submit-path").stdout.strip()
+    return run_command([cluster.spark_submit, "--master", cluster.master_url,
+                        "--conf", "spark.driver.host=127.0.0.1", *CLUSTER_CONF, *spark_args,
+                        path, *map(str, entry_args)], cwd=cwd)
+
+
+def test_spark_submit_on_standalone_cluster(standalone_cluster, tmp_path):
+    snapshot = tmp_path / "snap.pt"
+    result = spark_submit(standalone_cluster, ["--name", "submitted"],
+                          ["--num-processes", "2", TRAIN, "--snapshot", snapshot, "--epochs", "2"], tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "2 ranks (ddp, Spark barrier tasks) finished" in result.stdout
+    assert_trained(load_snapshot(snapshot), epochs=2, starts=[0])
+
+
+def test_spark_submit_passes_on_the_failure_exit_code(standalone_cluster, tmp_path):
+    result = spark_submit(standalone_cluster, [], ["--num-processes", "2", FAIL, "--rank", "0"], tmp_path)
+    assert result.returncode == 1
+    # spark-submit merges the Python driver's stderr into its own stdout.
+    output = result.stdout + result.stderr
+    assert "training failed: rank 0 on host 127.0.0.1 raised ValueError: corrupt record in shard 0" in output
+    assert 'in load_batch' in output
+
+
+def test_spark_submit_entry_leaves_master_to_spark_submit(standalone_cluster, tmp_path):
+    result = spark_submit(standalone_cluster, [], ["--master", "local[2]", TRAIN], tmp_path)
+    assert result.returncode == 2
+    assert "--master is spark-submit's option here" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------ session settings (in-process)
+def parse_run(*argv):
+    from spark_dist.cli.commands import build_parser
+
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monkeypatch):
+    from spark_dist.cli.commands import session_conf
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)  # the workers run this Python: spark_dist_daemon
+    monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path / "cache"))  # no JVM class archive built there
+    props = tmp_path / "p.conf"
+    props.write_text("spark.master local[4]\nspark.executor.memory 2g\nspark.sql.shuffle.partitions 8\n")
+    args = parse_run("--properties-file", str(props), "--conf", "spark.executor.memory=3g",
+                     "--master", "local[2]", TRAIN, "--master", "ignored")
+    assert session_conf(args) == {"spark.master": "local[2]", "spark.executor.memory": "3g",
+                                  "spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
+                                  "spark.python.daemon.module": "spark_dist_daemon"}
+    assert args.script_args == ["--master", "ignored"]
+
+
+def test_a_local_masters_python_daemon_imports_the_installed_pyspark_unless_you_chose_one(monkeypatch):
+    """spark_dist_daemon where the workers run this Python (tests/test_spark_dist_daemon.py runs it): a Python
+    that cannot import it (a cluster's executors, another environment) would start no Python task at all."""
+    from spark_dist.cli.commands import session_conf
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)  # a local master's workers then run this interpreter
+    assert session_conf(parse_run("--master", "local[2]", TRAIN))["spark.python.daemon.module"] == "spark_dist_daemon"
+    mine = parse_run("--master", "local[2]", "--conf", "spark.python.daemon.module=my_daemon", TRAIN)
+    assert session_conf(mine)["spark.python.daemon.module"] == "my_daemon"
+    other_python = parse_run("--master", "local[2]", "--conf", "spark.pyspark.python=/opt/py/bin/python", TRAIN)
+    cluster = parse_run("--master", "spark://127.0.0.1:7077", TRAIN)
+    no_master = parse_run(TRAIN)  # Spark's default master, decided after this: left alone
+    for args in (other_python, cluster, no_master):
+        assert "spark.python.daemon.module" not in session_conf(args)
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/py/bin/python")
+    assert "spark.python.daemon.module" not in session_conf(parse_run("--master", "local[2]", TRAIN))
+
+
+def test_driver_host_follows_spark_local_ip_only_when_set(monkeypatch):
+    from spark_dist.cli.commands import session_conf
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert "spark.driver.host" not in session_conf(parse_run(TRAIN))  # Spark picks the address itself
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
+    assert session_conf(parse_run(TRAIN))["spark.driver.host"] == "10.1.2.3"
+    explicit = parse_run("--conf", "spark.driver.host=node7", TRAIN)
+    assert session_conf(explicit)["spark.driver.host"] == "node7"
+
+
+def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monkeypatch):
+    """Once `spark-dist jvm-archive` built this Java's and Spark's archive, `spark-dist run` starts its driver
+    with it, after the options you gave (tests/test_jvm_archive.py shows a JVM using a real one)."""
+    from spark_dist.cli import jvm_archive
+    from spark_dist.cli.commands import session_conf
+
+    monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # the pip PySpark's: no conf directory in the way
+    args = parse_run("--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
+    assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"  # none built yet
+    archive = jvm_archive.archive_path()
+    os.makedirs(os.path.dirname(archive))
+    open(archive, "wb").close()  # stands for a built one: only its presence is read here
+    assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-Dmine=1 -XX:SharedArchiveFile={archive}"
+    assert session_conf(parse_run(TRAIN))["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
+    # Options that decide class sharing themselves are left alone.
+    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1", "-XX:-UseSharedSpaces"):
+        args = parse_run("--conf", f"spark.driver.extraJavaOptions={own}", TRAIN)
+        assert session_conf(args)["spark.driver.extraJavaOptions"] == own
+        # ... also where they come from spark.driver.defaultJavaOptions, which Spark puts before yours.
+        args = parse_run("--conf", f"spark.driver.defaultJavaOptions={own}",
+                         "--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
+        assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"
+    args = parse_run("--conf", "spark.driver.defaultJavaOptions=-Dsite=1", TRAIN)  # not about class sharing
+    assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
+    # A class path grown in front of Spark's: the JVM would refuse the archive (with a warning at every start).
+    args = parse_run("--conf", "spark.driver.extraClassPath=/opt/my.jar", TRAIN)
+    assert "spark.driver.extraJavaOptions" not in session_conf(args)
+
+
+def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):
+    """spark-submit's own --conf (driver host, progress bar) must not be overridden by defaults."""
+    from spark_dist.cli import submit_entry
+    from spark_dist.cli.commands import session_conf
+
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    args = submit_entry.build_parser().parse_args(["--conf", "spark.executor.memory=3g", TRAIN])
+    assert session_conf(args) == {"spark.executor.memory": "3g"}
+
+
+def test_conf_path_names_the_templates_and_the_wheel_ships_them(tmp_path):
+    import shutil
+    import zipfile
+
+    result = spark_dist("conf-path")
+    assert result.returncode == 0
+    assert os.path.isfile(os.path.join(result.stdout.strip(), "spark-defaults.gpu-yarn.conf"))
+    # Build the wheel from a copy of the sources (nothing is written into the checkout) and look inside.
+    src = tmp_path / "src"
+    src.mkdir()
+    for file in ("setup.py", "spark_dist_daemon.py"):
+        shutil.copy(os.path.join(REPO, file), src)
+    for folder in ("spark_dist", "conf"):
+        shutil.copytree(os.path.join(REPO, folder), src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("spark_dist-*.whl"))).namelist()
+    shipped = {n.rsplit("/", 1)[1] for n in names if "/share/spark_dist/conf/" in n}
+    assert shipped == set(os.listdir(os.path.join(REPO, "conf")))
+    assert "spark_dist_daemon.py" in names  # a module of its own, beside the package (README)
+
+
+def test_layout_option_reaches_the_distributor():
+    from spark_dist.cli.commands import make_distributor
+
+    assert make_distributor(parse_run(TRAIN))._args["layout"] == "host"
+    assert make_distributor(parse_run("--layout", "task", TRAIN))._args["layout"] == "task"

@@ -1,0 +1,283 @@
+"""The Horovod backend and the HorovodRunner drop-in: ``hvd.init()`` with no arguments inside a run, on
+local[2] and on the standalone cluster."""
+import contextlib
+import inspect
+import io
+import os
+import socket
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from spark_dist import ConfigError, Distributor, HorovodRunner, TrainingFailedError, get_context
+from spark_dist.backends.horovod import HorovodBackend
+from spark_dist.errors import BackendUnavailableError
+from spark_dist.config import CONF_HOROVOD_RENDEZVOUS_PORT
+from spark_dist.wire.ranks import TaskInfo, assign_ranks
+from spark_dist.wire.signed_store import bind_listener
+
+from free_ports import free_ports, session_conf
+
+try:
+    import horovod.torch  # noqa: F401
+    HAVE_HOROVOD = True
+except ImportError:
+    HAVE_HOROVOD = False
+needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod.torch is not installed (make env builds it)")
+
+
+# -- functions the ranks run --------------------------------------------------------------------------------
+def describe_ranks():
+    """hvd.init() with no arguments; what Horovod says about this rank, plus an allreduce and an allgather."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    ctx = get_context()
+    me = [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size(),
+          ctx.rank, ctx.local_rank]
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, name="total")
+    views = hvd.allgather(torch.tensor([me]), name="views")  # one row per rank, in rank order
+    return {"total": float(total), "views": views.tolist(), "iface": os.environ.get("HOROVOD_GLOO_IFACE"),
+            "rendezvous_port": os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")}
+
+
+def train_linear(steps=40):
+    """Different initial weights and data per rank; Horovod makes them one model."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(100 + hvd.rank())  # ranks start apart: broadcast_parameters must align them
+    model = torch.nn.Linear(8, 1)
+    x = torch.randn(256, 8)
+    y = x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.5
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(hvd.allreduce(loss.detach(), name="loss")))  # mean over ranks
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {"weights": hvd.allgather(flat.unsqueeze(0), name="weights"), "losses": losses}
+
+
+def fail_on_rank_one():
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank one cannot go on")
+    return float(hvd.allreduce(torch.ones(1), name="never"))  # rank 0 waits here until the run aborts
+
+
+def horovod_runner_main(scale, offset=0.0):
+    """A Databricks-style main: keyword arguments only."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="sum")
+    return {"size": hvd.size(), "value": float(total) * scale + offset, "parent": os.getppid()}
+
+
+def ddp_allreduce():
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    return float(value)
+
+
+# -- the backend on its own ---------------------------------------------------------------------------------
+def _listening(port):
+    return [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+@needs_horovod
+def test_backend_describes_every_rank_and_listens_on_the_driver_address_only():
+    ranks = assign_ranks([TaskInfo(0, "127.0.0.1"), TaskInfo(1, "127.0.0.1")])
+    backend = HorovodBackend()
+    backend.check_available()
+    envs = backend.start(ranks, "127.0.0.1", "test")
+    try:
+        port = int(envs[0]["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+        assert [c.laddr.ip for c in _listening(port)] == ["127.0.0.1"]  # not 0.0.0.0, not ::
+        assert envs[1]["HOROVOD_RANK"] == "1" and envs[1]["HOROVOD_SIZE"] == "2"
+        assert envs[1]["HOROVOD_LOCAL_RANK"] == "1" and envs[1]["HOROVOD_LOCAL_SIZE"] == "2"
+        assert envs[1]["HOROVOD_CROSS_RANK"] == "0" and envs[1]["HOROVOD_CROSS_SIZE"] == "1"
+        assert envs[0]["HOROVOD_CONTROLLER"] == "gloo" and envs[0]["HOROVOD_CPU_OPERATIONS"] == "gloo"
+        assert envs[0]["HOROVOD_GLOO_IFACE"] == "lo" and envs[0]["HOROVOD_HOSTNAME"] == "127.0.0.1"
+    finally:
+        backend.stop()
+    backend.stop()  # idempotent
+    assert _listening(port) == []
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+# -- runs on Spark ------------------------------------------------------------------------------------------
+def _check_ranks(out):
+    assert out["total"] == 3.0  # 1 + 2
+    # [rank, size, local_rank, local_size, cross_rank, cross_size, ctx.rank, ctx.local_rank]; both tasks run
+    # on 127.0.0.1, so they share one host: local_size 2, cross_size 1.
+    assert out["views"] == [[0, 2, 0, 2, 0, 1, 0, 0], [1, 2, 1, 2, 0, 1, 1, 1]]
+    assert out["iface"] == "lo"
+
+
+@needs_horovod
+def test_hvd_init_just_works_local(spark_local):
+    # With spark.dist.horovod.rendezvousPort set (a firewall), hvd.init() met on the range's first free port.
+    first = free_ports(2)
+    with bind_listener("127.0.0.1", first), session_conf(spark_local, CONF_HOROVOD_RENDEZVOUS_PORT,
+                                                         f"{first}-{first + 1}"):
+        out = Distributor(2, backend="horovod", verbose=False).run(describe_ranks)
+    _check_ranks(out)
+    assert out["rendezvous_port"] == str(first + 1)
+
+
+@needs_horovod
+def test_hvd_init_just_works_standalone(spark_standalone):
+    _check_ranks(Distributor(2, backend="horovod", verbose=False).run(describe_ranks))
+
+
+def _check_training(out):
+    weights = out["weights"]
+    assert weights.shape == (2, 9)
+    assert bool((weights[0] == weights[1]).all()), "ranks ended with different weights"
+    losses = out["losses"]
+    assert losses[-1] < 0.1 * losses[0], losses
+
+
+@needs_horovod
+def test_distributed_optimizer_trains_one_model_local(spark_local):
+    _check_training(Distributor(2, backend="horovod", verbose=False).run(train_linear))
+
+
+@needs_horovod
+def test_distributed_optimizer_trains_one_model_standalone(spark_standalone):
+    _check_training(Distributor(2, backend="horovod", verbose=False).run(train_linear, steps=30))
+
+
+def _my_listeners():
+    return {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+
+
+@needs_horovod
+def test_failing_rank_is_reported_with_its_traceback(spark_local):
+    listening_before = _my_listeners()
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(2, backend="horovod", verbose=False, timeout=120).run(fail_on_rank_one)
+    assert _my_listeners() == listening_before  # the rendezvous server (and the run's store) are gone
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "rank one cannot go on" in str(err)
+    assert "fail_on_rank_one" in err.remote_traceback
+    assert isinstance(err.cause, ValueError)
+
+
+@needs_horovod
+def test_script_under_horovod(spark_standalone, tmp_path):
+    script = tmp_path / "train_hvd.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        total = hvd.allreduce(torch.tensor([10.0 * (hvd.rank() + 1)]), op=hvd.Sum)
+        with open(f"{sys.argv[1]}.rank{hvd.rank()}", "w") as f:
+            f.write(f"{hvd.size()} {float(total)}")
+    """))
+    out = tmp_path / "out"
+    assert Distributor(2, backend="horovod", verbose=False).run(str(script), str(out)) is None
+    assert (tmp_path / "out.rank0").read_text() == "2 30.0"
+    assert (tmp_path / "out.rank1").read_text() == "2 30.0"
+
+
+# -- HorovodRunner ------------------------------------------------------------------------------------------
+@needs_horovod
+def test_horovod_runner_on_spark_tasks(spark_local):
+    hr = HorovodRunner(np=2)
+    out = hr.run(horovod_runner_main, scale=10.0, offset=0.5)
+    assert out["size"] == 2 and out["value"] == 10.5
+    assert out["parent"] != os.getpid()  # a Spark task's Python worker started rank 0
+
+
+@needs_horovod
+def test_horovod_runner_on_the_driver():
+    # np < 0: -np processes on the driver, no Spark job; "log_callback_only" keeps the driver quiet.
+    out = HorovodRunner(np=-2, driver_log_verbosity="log_callback_only").run(horovod_runner_main, scale=2.0)
+    assert out["size"] == 2 and out["value"] == 2.0
+    assert out["parent"] == os.getpid()  # rank 0 was a child of this (driver) process
+
+
+def chatty_main(message):
+    """Prints a line, and sends one to the driver the Databricks way."""
+    import horovod.torch as hvd
+
+    from spark_dist import log_to_driver  # was: from sparkdl.horovod import log_to_driver
+
+    hvd.init()
+    print(f"noise from rank {hvd.rank()}")
+    if hvd.rank() == 0:
+        log_to_driver(message + "!" * 5000)  # cut at 4000 characters, as Databricks does
+    return hvd.size()
+
+
+@needs_horovod
+@pytest.mark.parametrize("verbosity", ["log_callback_only", "all"])
+def test_horovod_runner_shows_log_to_driver_always_and_rank_output_only_with_all(spark_local, verbosity):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert HorovodRunner(np=2, driver_log_verbosity=verbosity).run(chatty_main, message="hello") == 2
+    text = out.getvalue()
+    assert ("hello" + "!" * 3995) in text.splitlines()
+    assert ("[rank 1] noise from rank 1" in text) == (verbosity == "all")
+
+
+def test_horovod_runner_keeps_databricks_signature():
+    # Databricks' own test: keyword-only np and driver_log_verbosity (default "log_callback_only"),
+    # run(self, main, **kwargs).
+    init = inspect.getfullargspec(HorovodRunner.__init__)
+    assert (init.args, init.varargs, init.varkw, init.kwonlyargs, init.kwonlydefaults) == (
+        ["self"], None, None, ["np", "driver_log_verbosity"], {"driver_log_verbosity": "log_callback_only"})
+    run = inspect.getfullargspec(HorovodRunner.run)
+    assert (run.args, run.varargs, run.varkw, run.kwonlyargs) == (["self", "main"], None, "kwargs", [])
+    with pytest.raises(TypeError):
+        HorovodRunner(2)
+    assert HorovodRunner(np=-1).num_processor == -1  # Databricks' attribute
+
+
+def test_horovod_runner_checks_its_arguments():
+    with pytest.raises(ConfigError, match="np must be an int"):
+        HorovodRunner(np="2")
+    with pytest.raises(ConfigError, match="driver_log_verbosity"):
+        HorovodRunner(np=2, driver_log_verbosity="some")
+
+
+@needs_horovod
+def test_horovod_runner_np_zero_uses_every_slot(spark_standalone):
+    out = HorovodRunner(np=0).run(horovod_runner_main, scale=1.0)
+    assert out["size"] == 2  # the cluster's two 1-core executors
+
+
+# -- without Horovod ----------------------------------------------------------------------------------------
+def test_missing_horovod_fails_before_any_job_and_ddp_still_works(spark_local, monkeypatch):
+    for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "horovod", None)  # `import horovod...` now raises ImportError
+    with pytest.raises(BackendUnavailableError) as info:
+        Distributor(2, backend="horovod", verbose=False).run(describe_ranks)
+    assert "make env" in str(info.value) and "pip install spark_dist[horovod]" in str(info.value)
+    assert Distributor(2, backend="ddp", verbose=False).run(ddp_allreduce) == 2.0

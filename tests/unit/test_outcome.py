@@ -1,0 +1,179 @@
+"""An attempt's outcome and the retry rules: pure functions of what the attempt saw, as tables of cases."""
+import pytest
+
+from spark_dist.errors import RankFailure, root_cause
+from spark_dist.driver.outcome import JobError, Seen, outcome_of, worth_retrying
+from spark_dist.wire.protocol import ResultChunk, TaskOutcome, TaskStatus
+from spark_dist.wire.ranks import TaskInfo, assign_ranks
+
+# Four tasks on two executors of one host (a local-cluster with 2-core executors), two on each; task 1 and
+# task 2 share executor A.
+TASKS = (TaskInfo(0, "h1", (), "h1:4001"), TaskInfo(1, "h1", (), "h1:4000"), TaskInfo(2, "h1", (), "h1:4000"),
+         TaskInfo(3, "h1", (), "h1:4001"))
+RANKS = tuple(assign_ranks(TASKS))
+TWO_HOSTS = (TaskInfo(0, "h1"), TaskInfo(1, "h2"), TaskInfo(2, "h1"), TaskInfo(3, "h2"))  # h2 runs ranks 2, 3
+
+
+def seen(**what):
+    base = dict(driver_host="d", rendezvous_timeout=300.0, host_lost_timeout=10.0, timeout=60.0, now=1.0,
+                tasks=TASKS, ranks=RANKS)
+    return Seen(**{**base, **what})
+
+
+def raised(rank, message="boom", exc_type="ValueError", seq=None):
+    return RankFailure(rank, "h1", "exception", message, exc_type=exc_type, seq=rank + 1 if seq is None else seq)
+
+
+def echo(rank, seq):  # what a peer raises when the rank it talks to went away
+    return RankFailure(rank, "h1", "exception", "Connection closed by peer [127.0.0.1]:1234",
+                       exc_type="RuntimeError", seq=seq)
+
+
+def gloo_read_error(rank, seq):  # gloo's wording for any errno on a pair: the peer died
+    return RankFailure(rank, "h1", "exception", "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:26258: "
+                       "Operation timed out. This is typically caused by a remote worker hanging or bugs in the "
+                       "application. Check the logs of the remote worker before reporting an error. GLHF!",
+                       exc_type="RuntimeError", seq=seq)
+
+
+def killed(rank, seq):
+    return RankFailure(rank, "h1", "signal", "killed by signal 9", signal=9, seq=seq)
+
+
+MULTI_GPU_TASKS = tuple(TaskInfo(i, "h1", (str(i),), f"h1:400{i // 2}", i // 2) for i in range(4))
+LOST_EXECUTOR = JobError("Py4JJavaError", (
+    "An error occurred while calling o123.collect.\n: org.apache.spark.SparkException: Job aborted due to stage "
+    "failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
+    "because barrier task ResultTask(3, 2) finished unsuccessfully.\nExecutorLostFailure (executor 0 exited "
+    "caused by one of the running tasks) Reason: Command exited with code 137\n\tat org.apache.spark..."))
+WORKER_DIED = JobError("Py4JJavaError", (
+    "Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure "
+    "reason: Stage failed because barrier task ResultTask(3, 3) finished unsuccessfully.\n"
+    "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"))
+NO_MODULE = JobError("Py4JJavaError", (
+    "Stage failed because barrier task ResultTask(3, 0) finished unsuccessfully.\n"
+    "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+    "ModuleNotFoundError: No module named 'spark_dist'"))
+NO_TASK = JobError("Py4JJavaError", "org.apache.spark.SparkException: Job aborted due to stage failure: Task "
+                                    "serialization failed: java.io.NotSerializableException")
+
+
+def named(outcome):
+    """(rank, kind) of each failure, root cause first."""
+    lead = root_cause(outcome.failures)
+    return [(f.rank, f.kind) for f in [lead] + [f for f in outcome.failures if f is not lead]]
+
+
+@pytest.mark.parametrize("case, what, expected", [
+    ("rank 0's result, in chunks",
+     dict(records=(ResultChunk(0, 1, b"lo"), ResultChunk(0, 0, b"hel"), TaskStatus(0, TaskOutcome.OK))),
+     b"hello"),
+])
+def test_a_run_that_finished_returns_rank_0s_result(case, what, expected):
+    outcome = outcome_of(seen(**what))
+    assert outcome.failures is None and outcome.result_bytes == expected
+
+
+@pytest.mark.parametrize("case, what, expected, timed_out", [
+    ("one rank raised; its peers' echoes follow",
+     dict(failures=(echo(0, 1), raised(2, seq=2), echo(1, 3))), [(2, "exception"), (0, "exception"), (1, "exception")],
+     False),
+    ("a rank killed by a signal leads over a peer's gloo error that was numbered first",
+     dict(failures=(gloo_read_error(0, 1), killed(1, 2))), [(1, "signal"), (0, "exception")], False),
+    ("the timeout leads: ranks with a dumped stack, then a report only for a rank without one",
+     dict(timed_out=True, stacks={0: "File x", 1: "File y"}, failures=(raised(1), echo(3, 2))),
+     [(0, "timeout"), (1, "timeout"), (3, "exception")], True),
+    ("a timeout before every rank started names no rank", dict(timed_out=True, ranks=(), tasks=()),
+     [(None, "timeout")], True),
+    # The tasks' own backstop and the cancelled job follow the driver's rendezvous abort: not a "lost" task.
+    ("rendezvous timeout with the job cancelled afterwards",
+     dict(ranks=(), tasks=(), rendezvous_missing=(1,), job_error=NO_TASK), [(None, "timeout")], False),
+    ("a silent host names every rank on it; its peers' reports follow",
+     dict(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2, 3), failures=(raised(0),)),
+     [(2, "lost"), (3, "lost"), (0, "exception")], False),
+    ("a lost executor names every rank it ran, not only the task Spark names",
+     dict(job_error=LOST_EXECUTOR, failures=(echo(0, 1),)), [(1, "lost"), (2, "lost"), (0, "exception")], False),
+    ("a dead Python worker is its task's rank alone",
+     dict(job_error=WORKER_DIED, failures=(echo(0, 1),)), [(3, "lost"), (0, "exception")], False),
+    ("a rank's own exception leads over the job failure it caused",
+     dict(job_error=LOST_EXECUTOR, failures=(raised(3),)), [(3, "exception")], False),
+    ("a job failure naming no task", dict(job_error=NO_TASK), [(None, "lost")], False),
+    # Spark task 1 of a run of two-GPU tasks ran slots 2 and 3: its dead worker took both ranks.
+    ("a dead Python worker of a two-GPU task is both its ranks",
+     dict(job_error=JobError(WORKER_DIED.type_name, WORKER_DIED.text.replace("(3, 3)", "(3, 1)")),
+          tasks=MULTI_GPU_TASKS, ranks=tuple(assign_ranks(MULTI_GPU_TASKS, "task"))),
+     [(2, "lost"), (3, "lost")], False),
+    # Under Spark Connect a failed stage takes the task-to-rank map (the first task's) with it.
+    ("a lost executor with no rank map names the barrier task", dict(job_error=LOST_EXECUTOR, tasks=(), ranks=()),
+     [(None, "lost")], False),
+    ("no result, no report, no job error", dict(records=(TaskStatus(0, TaskOutcome.ABORTED),)), [(None, "lost")],
+     False),
+])
+def test_failures_are_named_root_cause_first(case, what, expected, timed_out):
+    outcome = outcome_of(seen(**what))
+    assert outcome.result_bytes is None and outcome.timed_out is timed_out
+    assert named(outcome) == expected
+
+
+def test_the_messages_say_what_happened():
+    by_rank = {f.rank: f for f in outcome_of(seen(job_error=LOST_EXECUTOR)).failures}
+    assert by_rank[1].message.startswith("its executor h1:4000 was lost: ExecutorLostFailure (executor 0 exited")
+    assert by_rank[1].host == "h1" and by_rank[1].exc_type == "Py4JJavaError"
+    [missing] = outcome_of(seen(job_error=NO_MODULE)).failures
+    assert missing.rank == 0 and "ModuleNotFoundError: No module named 'spark_dist'" in missing.message
+    assert "set PYSPARK_PYTHON" in missing.message
+    [unmapped] = outcome_of(seen(job_error=LOST_EXECUTOR, tasks=(), ranks=())).failures
+    assert unmapped.host == "executor 0" and unmapped.message.startswith("its Spark task (barrier task 2) failed")
+    [rendezvous] = outcome_of(seen(rendezvous_missing=(1, 3), ranks=(), tasks=())).failures
+    assert rendezvous.message.startswith("the ranks did not all start within spark.dist.rendezvousTimeout=300s "
+                                         "(tasks that never reached the run's store at d: 1, 3). ")
+    # With the store's port known: host:port, what to check, and the keys that change it.
+    [rendezvous] = outcome_of(seen(rendezvous_missing=(1,), ranks=(), tasks=(), store_port=29500)).failures
+    assert "(tasks that never reached the run's store at d:29500: 1). If they ran, check that every executor " \
+           "can reach d:29500: a firewall" in rendezvous.message
+    assert "spark.dist.storePort" in rendezvous.message and "spark.driver.host" in rendezvous.message
+    [connect] = outcome_of(seen(rendezvous_missing=(1,), ranks=(), tasks=(), store_port=29500,
+                                store_in_task=True)).failures
+    assert "first task's executor host" in connect.message and "spark.driver.host" not in connect.message
+    silent = outcome_of(seen(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2,))).failures[0]
+    assert silent.host == "h2" and "no heartbeat from its ranks for 10s (spark.dist.hostLostTimeout)" in silent.message
+
+
+@pytest.mark.parametrize("failures, previous, retry", [
+    # An exception on one rank (an OOM, a flaky read): worth another attempt.
+    ([raised(1, "CUDA out of memory", "RuntimeError")], [], True),
+    # The same exception on every rank: a bug, not retried; also when the message differs only by numbers.
+    ([raised(0, "'x'", "KeyError"), raised(1, "'x'", "KeyError")], [], False),
+    ([raised(0, "shape [3, 0] on rank 0"), raised(1, "shape [3, 1] on rank 1")], [], False),
+    # Different exceptions on different ranks: worth another attempt.
+    ([raised(0, "a"), raised(1, "b", "KeyError")], [], True),
+    # Deterministic whatever the ranks: a module missing on the executors, a result over maxResultSize.
+    ([raised(0, "No module named 'mylib'", "ModuleNotFoundError")], [], False),
+    ([raised(0, "rank 0 returned 80 MiB", "spark_dist.task.result.ResultTooLargeError")], [], False),
+    # The same root cause as the attempt before: fails again.
+    ([raised(1, "disk full", "OSError")], [raised(1, "disk full", "OSError")], False),
+    # A lost executor is worth another attempt (its replacement may be fine).
+    (outcome_of(seen(job_error=LOST_EXECUTOR)).failures, [], True),
+])
+def test_retry_rules(failures, previous, retry):
+    assert worth_retrying(failures, 2, previous) is retry
+
+
+CANCELLED_GROUP = JobError("Py4JJavaError", "org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 12 "
+                                            "cancelled part of cancelled job group spark_dist-r-0")
+CANCELLED_TAG = JobError("UnknownException", "(org.apache.spark.SparkSQLException) [OPERATION_CANCELED] "
+                                             "Operation has been canceled. SQLSTATE: HY008")
+
+
+@pytest.mark.parametrize("job_error", [CANCELLED_GROUP, CANCELLED_TAG])
+def test_a_job_someone_cancelled_ends_the_run_without_a_retry(job_error):
+    outcome = outcome_of(seen(job_error=job_error, failures=(echo(0, 1),)))
+    assert named(outcome) == [(None, "cancelled"), (0, "exception")]
+    assert "cancelled (from the Spark UI, or by its job group or tag)" in outcome.failures[0].message
+    assert not worth_retrying(outcome.failures, 2, [])
+
+
+def test_a_job_spark_dist_cancelled_itself_is_not_the_users_cancel():
+    # After the abort grace spark_dist cancels the job itself: the rank's own report leads.
+    outcome = outcome_of(seen(job_error=CANCELLED_GROUP, failures=(raised(1),), cancelled_here=True))
+    assert named(outcome) == [(1, "exception")]
