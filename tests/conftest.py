@@ -206,6 +206,15 @@ def spark_two_hosts(spark_manager):
     yield from _session(spark_manager, TWO_HOSTS)
 
 
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_jvm(request):
+    """A test in tests/unit needs no JVM: one that starts a Spark gateway belongs in tests/spark."""
+    had_gateway = SparkContext._gateway is not None
+    yield
+    if request.node.get_closest_marker("unit") is not None and not had_gateway:
+        assert SparkContext._gateway is None, f"{request.node.nodeid} started a JVM: move it to tests/spark"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leaked_processes():
     """After every other session fixture is torn down: no Spark process of ours may remain."""

@@ -62,8 +62,6 @@ def lightning_recipe(num_proc, root):
     return lightning_outcome(trainer, model)
 
 
-def test_lightning_multi_node_recipe_through_the_drop_in_local(spark_local, tmp_path):
-    check_lightning_recipe_through_the_drop_in(tmp_path)
 
 
 def test_lightning_multi_node_recipe_through_the_drop_in_standalone(spark_standalone, tmp_path):
@@ -105,8 +103,6 @@ def lightning_on_spark_data(root):
     return lightning_outcome(trainer, model)
 
 
-def test_lightning_through_distributor_reads_ctx_loader_local(spark_local, tmp_path):
-    check_lightning_through_distributor(spark_local, tmp_path)
 
 
 def test_lightning_through_distributor_reads_ctx_loader_standalone(spark_standalone, tmp_path):
@@ -145,8 +141,6 @@ def hf_trainer(root):
             "global_step": trainer.state.global_step}
 
 
-def test_hugging_face_trainer_local(spark_local, tmp_path):
-    check_hugging_face_trainer(tmp_path)
 
 
 def test_hugging_face_trainer_standalone(spark_standalone, tmp_path):

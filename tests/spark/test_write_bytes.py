@@ -25,11 +25,3 @@ def test_spark_connect_refuses_to_overwrite_as_a_classic_session_does(spark_conn
     write_twice(spark_connect, (tmp_path / "url.pt").as_uri())
 
 
-def test_a_file_system_without_exclusive_create_is_checked_before_the_write(tmp_path):
-    # What an executor does under Connect for hdfs:, s3: and the like: pyarrow's file system for the scheme.
-    from pyarrow import fs as pafs
-
-    filesystem, path = pafs.LocalFileSystem(), str(tmp_path / "torch.pt")
-    assert files.write_new_pyarrow_file(filesystem, path, b"first")
-    assert not files.write_new_pyarrow_file(filesystem, path, b"second")
-    assert (tmp_path / "torch.pt").read_bytes() == b"first"

@@ -1,11 +1,8 @@
-"""Leftovers of killed processes: temp dirs nobody holds are swept, a rank's own children end with it."""
+"""spark_dist.host.tempdirs: directories held by a lock, swept once nobody holds them."""
 import os
 import shutil
 import subprocess
 import sys
-import time
-
-from spark_dist import Distributor
 
 from spark_dist.host import tempdirs
 
@@ -67,7 +64,7 @@ def test_a_directory_nobody_holds_is_swept_even_where_its_pid_runs(tmp_path):
 def test_a_directory_made_here_is_held_against_other_processes_sweeps(tmp_path):
     made = tempdirs.make("cache", parent=str(tmp_path))
     sweeper = [sys.executable, "-c",
-               f"from spark_dist import tempdirs; print(tempdirs.sweep('cache', {str(tmp_path)!r}))"]
+               f"from spark_dist.host import tempdirs; print(tempdirs.sweep('cache', {str(tmp_path)!r}))"]
     assert subprocess.run(sweeper, capture_output=True, text=True, check=True).stdout == "[]\n"
     assert os.path.isdir(made)
     shutil.rmtree(made)
@@ -75,28 +72,3 @@ def test_a_directory_made_here_is_held_against_other_processes_sweeps(tmp_path):
     again = tempdirs.make("cache", parent=str(tmp_path))
     tempdirs.release(again)  # unlocked, as after its owner's SIGKILL: another process's sweep removes it
     assert subprocess.run(sweeper, capture_output=True, text=True, check=True).stdout == f"[{again!r}]\n"
-
-
-def start_a_helper_and_return():
-    import subprocess
-
-    from spark_dist import get_context
-
-    helper = subprocess.Popen(["sleep", "300"])  # e.g. a server or loader worker the user forgot to stop
-    return {get_context().rank: helper.pid}
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
-def test_a_ranks_children_end_when_it_returns(spark_local):
-    pid = Distributor(num_processes=2, verbose=False).run(start_a_helper_and_return)[0]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _running(pid):
-        time.sleep(0.05)
-    assert not _running(pid)

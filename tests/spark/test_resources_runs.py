@@ -63,20 +63,6 @@ def test_gpu_slots_bound_the_number_of_ranks(spark_local_cluster):
         spark_local_cluster.conf.unset("spark.dist.slotWaitTimeout")
 
 
-def test_visible_devices_lists_gpus_in_local_rank_order():
-    assert visible_devices([["3"], ["1"]]) == "3,1"
-    assert visible_devices([["0", "1"], ["2", "3"]]) == "0,1,2,3"
-
-
-def test_a_spark_gpu_address_maps_to_its_cuda_index_under_cuda_visible_devices(monkeypatch):
-    from spark_dist.spark.resources import cuda_ordinal
-
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert cuda_ordinal("3") == 3
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # e.g. YARN gave this container GPUs 2 and 3
-    assert (cuda_ordinal("3"), cuda_ordinal("2")) == (1, 0)
-
-
 def test_local_mode_ranks_take_the_drivers_spark_gpus(spark_local_cluster, monkeypatch):
     # The driver's two fake GPUs ("0", "1": spark.driver.resource.gpu.*); CUDA sees none here.
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -96,16 +82,3 @@ def test_the_drivers_spark_gpus_are_positions_in_its_cuda_visible_devices_as_pys
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")  # e.g. a container given three of the machine's GPUs
     assert local_gpu_addresses(2, spark_local_cluster) == _get_gpus_owned(spark_local_cluster) == ["5", "7"]
-
-
-def test_driver_gpu_addresses_that_cuda_cannot_name_are_refused(monkeypatch):
-    from spark_dist.spark.resources import driver_spark_gpus
-
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert driver_spark_gpus(["3", "1", "2"], 2) == ["3", "1"]
-    with pytest.raises(ConfigError, match=r"\['01'\] are not CUDA device indices.*spark\.driver\.resource\.gpu\."
-                                          r"discoveryScript"):
-        driver_spark_gpus(["01"], 1)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
-    with pytest.raises(ConfigError, match=r"positions in its CUDA_VISIBLE_DEVICES='4', which lists fewer GPUs"):
-        driver_spark_gpus(["0", "1"], 2)

@@ -1,13 +1,8 @@
-"""spark_dist.task.teardown: a rank keeps the process groups it destroys referenced until it exits, so torch's gloo
-destructor (which joins its threads holding the GIL, and could hang the rank) never runs in a rank.
-
-The hang itself is a race (1 run in 3 to 25 here, BENCHMARKS.md), so these tests check
-what prevents it: the groups stay referenced, through both ways the rank may meet torch.distributed."""
+"""spark_dist.task.teardown in this process: destroyed process groups stay referenced until the rank exits."""
 import subprocess
 import sys
 import textwrap
 
-from spark_dist import Distributor
 
 # A one-rank gloo group on loopback and two subgroups: one destroyed alone, then everything. Prints the groups
 # teardown kept (the first alone, then the rest in any order), whether torch still has a default group, and
@@ -28,6 +23,8 @@ kept = [{id(world): "world", id(first): "first", id(second): "second"}.get(id(g)
 print(kept[:1] + sorted(kept[1:]), dist.is_initialized(),
       getattr(dist.destroy_process_group, "_spark_dist_keeps_groups", False))
 """
+
+
 KEPT_ALL = "['first', 'second', 'world'] False True"
 
 
@@ -39,40 +36,16 @@ def _run(code: str) -> str:
 
 
 def test_groups_destroyed_after_the_hook_stay_referenced_when_torch_was_imported_first():
-    code = "import torch.distributed\nfrom spark_dist import teardown\nteardown.keep_process_groups_until_exit()\n"
+    code = "import torch.distributed\nfrom spark_dist.task import teardown\nteardown.keep_process_groups_until_exit()\n"
     assert _run(code + _ONE_RANK_GROUPS) == KEPT_ALL
 
 
 def test_groups_destroyed_after_the_hook_stay_referenced_when_torch_is_imported_later():
     # A spawned rank (local mode) imports torch only in the user's code: the hook waits for torch.distributed.
-    code = ("import sys\nfrom spark_dist import teardown\nteardown.keep_process_groups_until_exit()\n"
+    code = ("import sys\nfrom spark_dist.task import teardown\nteardown.keep_process_groups_until_exit()\n"
             "assert 'torch' not in sys.modules\n")
     assert _run(code + _ONE_RANK_GROUPS) == KEPT_ALL
 
 
 def test_without_the_hook_nothing_is_kept():
     assert _run(_ONE_RANK_GROUPS) == "[] False False"
-
-
-def ddp_then_destroy():
-    """What the estimator's ranks do at the end: DDP trains, the group is destroyed, the model freed."""
-    import torch
-    import torch.distributed as dist
-
-    from spark_dist.task import teardown
-
-    dist.init_process_group("gloo")
-    world = dist.group.WORLD
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-    model(torch.ones(2, 4)).sum().backward()
-    dist.destroy_process_group()
-    del model
-    return [g is world for g in teardown._kept]
-
-
-def test_a_spark_rank_keeps_the_groups_it_destroys(spark_local):
-    assert Distributor(num_processes=2, verbose=False).run(ddp_then_destroy) == [True]
-
-
-def test_a_local_mode_rank_keeps_the_groups_it_destroys(spark_local):
-    assert Distributor(num_processes=2, local_mode=True, verbose=False).run(ddp_then_destroy) == [True]
