@@ -53,8 +53,8 @@ def spark_dist(*args, timeout=240, cwd=None) -> Result:
 
 
 def assert_only_aborted_on_the_way_out(torchrun: Result) -> None:
-    """Real torchrun's run of a finished script may still fail: torch 2.13's gloo state, freed at interpreter
-    shutdown, can abort a rank (SIGABRT) once the script is done (rare: none in 51 runs here, one in a CI run).
+    """Real torchrun's run of a finished script may still fail: torch's gloo state, freed at interpreter
+    shutdown, can abort a rank (SIGABRT) once the script is done (rarely: it is a race at teardown).
     That is torch's, not the script's, and spark_dist's ranks avoid it (they end with os._exit;
     spark_dist.task.teardown). Accept exactly that, with a warning, once the caller has checked that the training
     finished and rank 0's final snapshot is on disk: torchrun exits 1, a rank aborted, and every rank torchrun

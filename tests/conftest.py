@@ -41,11 +41,11 @@ RUN_TEMP_DIR = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="spark_dist-test-t
 tempfile.tempdir = None  # read TMPDIR again
 # Every JVM the suite starts (drivers, spark-submit's launcher, masters, workers, executors, the Connect
 # server) lives for seconds to minutes and runs little hot code: the C2 compiler and the parallel GC's threads
-# cost more CPU than they save. With C1 only and the serial GC, a local session plus three small jobs took
-# 15.4 s of JVM CPU instead of 27.6 s on the Spark 4 line (12.0 s instead of 22.0 s on 3.5), and the
-# suite's two lines share two cores. Nothing the tests check depends on the JIT or the collector.
-# Nor on HotSpot verifying the bytecode of Spark's and its libraries' jars as it loads them (it still verifies
-# the JDK's own): a local session and two small jobs then took 10.3 s of JVM CPU instead of 12.2 s (Spark 4).
+# cost more CPU than they save, and CPU one JVM spends is taken from the rest of the suite. So they run with
+# C1 only and the serial GC; nothing the tests check depends on the JIT or the collector. Nor on HotSpot
+# verifying the bytecode of Spark's and its libraries' jars as it loads them (it still verifies the JDK's own),
+# which costs every JVM CPU at its start. (What a short session's driver JVM costs in CPU with these options:
+# BENCHMARKS.md, Spark ML.)
 os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
     p for p in [os.environ.get("JAVA_TOOL_OPTIONS", ""), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                 "-XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",

@@ -44,7 +44,8 @@ _FLOAT_NAMES = {"halffloat": "float16", "float": "float32", "double": "float64"}
 def to_numpy(arr) -> np.ndarray:
     """A pyarrow array as numpy: a view of its values buffer where it is a number array without nulls (what
     the cache holds), else pyarrow's own conversion. Why not always ``to_numpy``: it imports pandas on its first
-    call in a process (0.26 s here), and every rank is a new process whose first batch waited for that."""
+    call in a process, which is slow, and every rank is a new process whose first batch would wait for that
+    (see BENCHMARKS.md, Spark ML)."""
     import pyarrow as pa
 
     if arr.null_count == 0 and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
@@ -58,8 +59,8 @@ def to_numpy(arr) -> np.ndarray:
 
 def list_values(arr) -> np.ndarray:
     """The values of a list array's rows, in order, as one flat numpy array (no copy where :func:`to_numpy`
-    takes none). Sliced by the offsets rather than ``flatten()``, which imports pyarrow.compute (0.07 s) on its
-    first call in a rank."""
+    takes none). Sliced by the offsets rather than ``flatten()``, which imports pyarrow.compute on its first
+    call in a rank, delaying that rank's first batch."""
     if arr.null_count == 0 and hasattr(arr, "offsets") and len(arr):
         start, end = arr.offsets[0].as_py(), arr.offsets[-1].as_py()
         return to_numpy(arr.values.slice(start, end - start))

@@ -5,8 +5,8 @@ No Spark here, only the Parquet files the driver's Petastorm converter wrote.
 Why not Petastorm's reader (``make_batch_reader`` / ``make_torch_dataloader``): it shards by row group,
 round robin, so 1,000 rows in 10 row groups over 3 ranks gives 400/300/300 rows and DDP hangs on the
 rank with more batches; its worker pool returns row groups in no fixed order, so an epoch cannot be
-reproduced; and it is slow on array columns (bench/bench_data.py, 2 cores: ``make_batch_reader`` ~300,000
-rows/s, ``make_torch_dataloader`` ~65,000, pyarrow ~1,500,000). So the Petastorm converter owns the cache
+reproduced; and it is much slower than a plain pyarrow read on array columns (see BENCHMARKS.md, Data
+loading; bench/bench_data.py). So the Petastorm converter owns the cache
 and this module reads the cache's files with pyarrow: whole columns at a time, list values reshaped
 without a copy, no per-row Python.
 
@@ -30,8 +30,8 @@ from .arrays import default_dtype, list_values, numpy_dtype, rows_view, to_numpy
 from .epoch_order import block_runs, merged, shard_pieces
 from .handle import SCALAR, DatasetError, DatasetHandle, open_parquet
 
-_WINDOW_BYTES = 16 << 20     # rows shuffled together inside a rank; with the cache's 8 MiB row groups this keeps a
-#                              rank's peak memory growth under ~200 MiB whatever the dataset's size (bench_scaling)
+_WINDOW_BYTES = 16 << 20     # rows shuffled together inside a rank; with the cache's 8 MiB row groups this bounds a
+#                              rank's peak memory growth whatever the dataset's size (bench/bench_scaling.py)
 _READ_CHUNK_ROWS = 4096      # rows pyarrow decodes at a time
 _DECODE_THREADS = True       # pyarrow decodes the columns of a chunk in parallel (faster: bench_data.py)
 _PREFETCH_WINDOWS = 2        # windows gathered ahead of the consumer by the background thread
@@ -88,9 +88,8 @@ class ShardLoader:
         parquet_file = open_parquet(self.handle.file_urls[f])
         chunks: Dict[str, list] = {c.name: [] for c in self.columns}
         starts = [0]
-        # Small batches rather than read_row_group: pyarrow decodes list columns faster in cache-sized
-        # pieces (84,000 rows of 96 floats: 180 against 240 ms of CPU), and no row group ever needs one
-        # contiguous buffer.
+        # Small batches rather than read_row_group: pyarrow decodes list columns with less CPU in cache-sized
+        # pieces, and no row group ever needs one contiguous buffer.
         for rb in parquet_file.iter_batches(batch_size=_READ_CHUNK_ROWS, row_groups=[g],
                                         columns=[c.name for c in self.columns], use_threads=_DECODE_THREADS):
             for c in self.columns:
@@ -152,7 +151,8 @@ class ShardLoader:
             # per chunk and column instead of one per block (the Python loop was the cost, not the copy).
             runs = merged(runs)
         # Where a column keeps its dtype, each row is moved as one opaque value (a numpy void of the row's
-        # bytes) by np.put: half the CPU of numpy's fancy assignment of 2-D rows, which walks every element.
+        # bytes) by np.put: less CPU than numpy's fancy assignment of 2-D rows, which walks every element (see
+        # BENCHMARKS.md, Data loading).
         as_rows = {c.name: rows_view(out[c.name]) for c in self.columns
                    if dest is not None and np.dtype(c.dtype) == out[c.name].dtype}
         at = 0
@@ -179,9 +179,9 @@ class ShardLoader:
         row groups ahead of the window being gathered: decoding (pyarrow, no GIL) and the shuffling copy
         (numpy, no GIL) then run on two cores at once instead of one after the other. Why two decoding threads
         and four row groups ahead: with one thread and one ahead, the decoding thread, slowed by the copy's
-        memory traffic on the other core, set the pace, and the copy waited for it (2 cores, 500k rows: a
-        shuffled epoch at 74% of a plain pyarrow read, median per round in bench_data; with two threads and four
-        ahead 85%). A decoded row group is dropped after the last window that takes rows from it.
+        memory traffic on the other core, set the pace, and the copy waited for it (see BENCHMARKS.md, Data
+        loading; bench/bench_data.py). A decoded row group is dropped after the last window that takes rows
+        from it.
         """
         import torch
 

@@ -23,9 +23,10 @@ def sql(text: str):
     columns by :func:`position`, never by the user's names.
 
     Never ``F.col`` or a ``Column`` method: on PySpark 4 each of those records its caller's stack for error
-    messages (three py4j calls), and the first one in a process imports IPython where it is installed, 0.4-0.6 s
-    of a script's first fit here (``pyspark.errors.utils._capture_call_site``). ``F.expr`` and the DataFrame
-    methods that take SQL text or column names do neither.
+    messages (py4j calls), and the first one in a process imports IPython where it is installed
+    (``pyspark.errors.utils._capture_call_site``), a slow import that delays a script's first fit (see
+    BENCHMARKS.md, Spark ML). ``F.expr`` and the DataFrame methods that take SQL text or column names do
+    neither.
     """
     from pyspark.sql import functions as F
 

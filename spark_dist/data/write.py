@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 _CONVERTER_MODULE = "petastorm.spark.spark_dataset_converter"
 # Petastorm's converter writes 32 MiB row groups; a quarter of that bounds what a rank holds decoded (it decodes
-# whole row groups, one ahead of the one it shuffles from), gives the epoch order finer pieces to permute, and
-# wastes less where two ranks share a row group. Petastorm's own readers read either.
+# whole row groups, a few ahead of the one it shuffles from: loader._DECODE_AHEAD), gives the epoch order finer
+# pieces to permute, and wastes less where two ranks share a row group. Petastorm's own readers read either.
 ROW_GROUP_BYTES = 8 << 20
 
 
@@ -89,8 +89,9 @@ def _users_petastorm_cache(spark, df, parent_url: str) -> Optional[str]:
 def _importing_meanwhile(module: str):
     """Import ``module`` in a thread of its own while the ``with`` block runs (where no one has yet), and wait
     for it at the block's end; the caller then imports it itself, which raises whatever the thread's import
-    raised. Why: Petastorm's converter module takes 0.15-0.6 s to import here (petastorm, its reader,
-    pyspark.ml), and the driver needs it only once the write is done, while it waits on the JVM."""
+    raised. Why: Petastorm's converter module is slow to import (petastorm, its reader, pyspark.ml), and the
+    driver needs it only once the write is done: importing it while the driver waits on the JVM takes it off
+    the first fit's path (see BENCHMARKS.md, Spark ML)."""
     thread = None
     if module not in sys.modules:
         thread = threading.Thread(target=_import_quietly, args=(module,), daemon=True, name="spark_dist-import")
@@ -168,9 +169,8 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     # Connect, where Petastorm's own call fails: it asks for a classic session to name the directory).
     url = f"{parent_url}/{time.strftime('%Y%m%d%H%M%S')}-appid-{session.app_id(spark)}-{uuid.uuid4()}"
     # Without dictionaries: Parquet's writer starts every column of every row group with one and falls back to
-    # plain values once it overflows, re-encoding what it buffered; on float features that made 8 MiB row groups
-    # cost a third more than a plain write (1M rows x 32 floats: 1.44 s against 1.09 s without, 1.16 s Spark's
-    # default write).
+    # plain values once it overflows, re-encoding what it buffered; on float features that makes the cache's
+    # row groups slower to write than a plain write (see BENCHMARKS.md, Scaling with data; bench/bench_scaling.py).
     # Started after this thread's own imports for the write (pyspark.ml.functions, Observation): the two threads
     # never import the same module at once.
     try:

@@ -23,7 +23,7 @@ _STEP_KEYS = ("step", "global_step", "epoch")  # what a report's own step is cal
 
 
 def _mlflow():
-    # Importing mlflow costs ~1.2 s of the driver's CPU, so it is imported only where it can be in use: the
+    # Importing mlflow is slow (see BENCHMARKS.md, Spark ML), so it is imported only where it can be in use: the
     # user imported it (set_tracking_uri and an active run both need that), or MLFLOW_TRACKING_URI is set.
     if "mlflow" not in sys.modules and not os.environ.get("MLFLOW_TRACKING_URI"):
         return None

@@ -1,15 +1,15 @@
 """A rank keeps every torch.distributed process group it destroys referenced until the process exits.
 
-torch (2.13 here) can hang a rank at the end of training. DDP's reducer holds its process group; once
+torch can hang a rank at the end of training. DDP's reducer holds its process group; once
 ``destroy_process_group()`` has dropped torch's own references, freeing the reducer (the training function
 returns) runs the gloo group's destructor, which joins gloo's worker threads *while holding the GIL*. A
 worker thread that is still releasing its last collective (a tensor Python also saw, or a future's callback)
-needs the GIL to do so: neither thread moves, and the rank never exits. gdb showed exactly that in hung ranks
-here (``~ProcessGroupGloo`` joining ``pt_gloo_runloop``, which waits in ``take_gil``), in 1 of 3 to 1 of 25
-runs depending on load and on what the worker had imported (BENCHMARKS.md). A rank ends with ``os._exit`` (see :mod:`spark_dist.task.barrier_task`), which frees nothing, so a
-group kept referenced here never reaches that destructor; its sockets and threads go with the process. (A rank
-that creates and destroys many groups holds them all until it ends: each gloo group its threads, two by
-default, and a socket per peer.)
+needs the GIL to do so: neither thread moves, and the rank never exits (a hung rank's stack:
+``~ProcessGroupGloo`` joining ``pt_gloo_runloop``, which waits in ``take_gil``). It is a race: how often it
+hits depends on load and on what the worker had imported (see BENCHMARKS.md, Spark ML). A rank ends with
+``os._exit`` (see :mod:`spark_dist.task.barrier_task`), which frees nothing, so a group kept referenced here
+never reaches that destructor; its sockets and threads go with the process. (A rank that creates and destroys
+many groups holds them all until it ends: each gloo group its threads, two by default, and a socket per peer.)
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ background what a training rank imports on its first optimizer step, so that lat
 already hold it.
 
 torch.optim's step imports torch._dynamo, with sympy and torch.distributed.tensor, its heaviest dependencies
-(their cost on this machine: BENCHMARKS.md, Spark ML). None of them starts a thread. A rank forked from a worker
+(their cost: BENCHMARKS.md, Spark ML). None of them starts a thread. A rank forked from a worker
 that holds torch._dynamo must not free its process groups at exit, where torch's gloo teardown can hang:
 :mod:`spark_dist.task.teardown` keeps ranks out of it.
 

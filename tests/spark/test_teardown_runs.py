@@ -1,7 +1,7 @@
 """spark_dist.task.teardown: a rank keeps the process groups it destroys referenced until it exits, so torch's gloo
 destructor (which joins its threads holding the GIL, and could hang the rank) never runs in a rank.
 
-The hang itself is a race (1 run in 3 to 25 here, BENCHMARKS.md), so these tests check
+The hang itself is a race that a test cannot make happen on demand (BENCHMARKS.md, Spark ML), so these tests check
 what prevents it: the groups stay referenced, through both ways the rank may meet torch.distributed."""
 import subprocess
 import sys

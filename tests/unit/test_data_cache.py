@@ -16,7 +16,7 @@ def test_a_file_cache_is_refused_when_executors_are_on_other_hosts():
 
 
 def test_petastorms_converter_module_is_imported_while_the_write_runs(tmp_path, monkeypatch):
-    # The driver needs Petastorm's converter module (0.15-0.6 s to import) only after the write: it imports it
+    # The driver needs Petastorm's converter module (slow to import) only after the write: it imports it
     # meanwhile, in a thread of its own, and a failed import is raised by the caller's own import afterwards.
     import importlib
     import sys
@@ -51,8 +51,8 @@ def test_petastorms_converter_module_is_imported_while_the_write_runs(tmp_path, 
 @pytest.mark.parametrize("user_first_by", [0.02, 0.1])
 def test_a_users_thread_importing_petastorm_meanwhile_is_not_deadlocked(user_first_by):
     # A fresh process: the user's thread runs `from petastorm.spark import ...` while our thread imports the
-    # converter module for a write. Importing the submodule first took its lock before its package's, the
-    # reverse of the user's order, and Python raised _DeadlockError in the user's import.
+    # converter module for a write. Importing the submodule first would take its lock before its package's, the
+    # reverse of the user's order, and Python would raise _DeadlockError in the user's import.
     import subprocess
     import sys
 

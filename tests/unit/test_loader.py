@@ -135,8 +135,8 @@ def test_a_ranks_numpy_views_match_pyarrows_conversion(array):
 
 
 def test_a_ranks_first_epoch_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
-    # A rank is a fresh process: pyarrow's to_numpy imports pandas on its first call (0.26 s) and flatten()
-    # pyarrow.compute (0.07 s), and the first batch of every training run waited for both.
+    # A rank is a fresh process: pyarrow's to_numpy imports pandas on its first call and flatten()
+    # pyarrow.compute, and the first batch of every training run would wait for both.
     import subprocess
     import sys
 

@@ -6,7 +6,7 @@ import pytest
 
 @pytest.mark.parametrize("tracking_uri, imported", [(None, False), ("file:./mlruns-probe", True)])
 def test_mlflow_is_imported_only_where_it_can_be_in_use(tmp_path, tracking_uri, imported):
-    # import mlflow costs ~1.2 s of the driver's CPU: a process that never imported it and has no tracking URI
+    # import mlflow is slow (BENCHMARKS.md, Spark ML): a process that never imported it and has no tracking URI
     # cannot have an active run or a URI set, so it is not imported there (a fresh interpreter shows it).
     import subprocess
     import sys
