@@ -27,6 +27,7 @@ bench:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@for line in $(LINES); do for b in $(BENCHES); do \
 	  $(MAKE) --no-print-directory bench-$$b SPARK_LINE=$$line || exit 1; done; done
+	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md
 
 bench-%:
 	@bash scripts/setup_env.sh $(SPARK_LINE)

@@ -454,8 +454,8 @@ def header():
         "",
         "Reproduce: `make bench` runs every benchmark on both Spark lines and rewrites `bench/results/`; "
         "`make bench-<name>` runs one (`make bench-launch`; `SPARK_LINE=3.5` for the 3.5 line; `LINES=4` limits "
-        "`make bench` to one line). Then `python bench/report.py > BENCHMARKS.md` (or `--out BENCHMARKS.md`) "
-        "prints this page again. Earlier figures, and the notes on how each was reached, live in git's history "
+        "`make bench` to one line); `make bench` then prints this page again (`python bench/report.py --out "
+        "BENCHMARKS.md`). Earlier figures, and the notes on how each was reached, live in git's history "
         "of `bench/results/` and of this page.",
         "",
         "Each benchmark runs spark_dist and its anchor (the tool it replaces) side by side, in one run on one "
