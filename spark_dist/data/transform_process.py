@@ -1,0 +1,250 @@
+"""The worker-process side of :mod:`.transform_workers`: how a batch is transformed and seeded, the message
+framing both sides use, and a worker's main loop.
+
+A worker is a fresh interpreter started by :class:`~.transform_workers.TransformWorkers` as
+``python -c BOOT <socket fd> <parent pid> <die-with-parent flag> <sys.path as JSON>``. It talks to the rank
+over one Unix socket: first it receives the pickled ``(fn, collate, seed)``, then ``(run, index, epoch,
+batch)`` messages, each answered in the order received with ``("ok", run, index, output)`` or
+``("error", run, index, summary, traceback text)``.
+
+Framing: a message is pickled with protocol 5; numpy arrays travel as out-of-band buffers and CPU tensors as
+numpy views of their memory, so a batch of images is written from its own memory and read straight into
+the buffers the tensors are then built on (no intermediate copy of the payload on either side).
+"""
+import ctypes
+import hashlib
+import io
+import os
+import pickle
+import queue
+import random
+import select
+import signal
+import struct
+import sys
+import threading
+import traceback
+from typing import Any, Callable, List, Mapping, Optional
+
+import numpy as np
+
+# Run by the new interpreter: it needs only the standard library until sys.path is the rank's.
+BOOT = ("import json, socket, sys\n"
+        "sys.path[:] = json.loads(sys.argv[4])\n"
+        "from spark_dist.data.transform_process import worker_main\n"
+        "worker_main(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]), sys.argv[3] == '1')\n")
+
+_PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+_PARENT_POLL_S = 1.0    # how often a worker checks that the rank is still its parent
+_state = threading.local()  # .seed: the seed of the batch being transformed in this thread
+
+
+# -- seeding -------------------------------------------------------------------------------------------------
+def seed_for(seed: int, epoch: int, index: int) -> int:
+    """The seed of batch ``index`` of ``epoch``: a hash of the three, below 2**32 (what ``np.random.seed``
+    takes). A hash rather than arithmetic, so neighbouring batches and epochs get unrelated streams."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+def batch_seed() -> int:
+    """The seed of the batch being transformed, for a transform that makes its own generator
+    (``np.random.default_rng(batch_seed())``, ``torch.Generator().manual_seed(batch_seed())``).
+
+    Raises:
+        RuntimeError: called outside a transform.
+    """
+    seed = getattr(_state, "seed", None)
+    if seed is None:
+        raise RuntimeError("batch_seed() is only available inside a transform run by TransformWorkers")
+    return seed
+
+
+def _seed_globals(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.random.default_generator.manual_seed(seed)  # the CPU generator only: see apply()
+
+
+def apply(fn: Callable, collate: Optional[Callable], batch: Any, seed: int, epoch: int, index: int,
+          *, keep_rng: bool = False) -> Any:
+    """``collate(fn(batch))`` (or ``fn(batch)``, which must then be a mapping) with the global generators of
+    ``random``, ``numpy.random`` and torch's CPU generator seeded from ``(seed, epoch, index)``.
+
+    ``keep_rng``: put those generators back as they were afterwards; used when ``fn`` runs in the rank's own
+    thread (``workers=0``), whose training loop must not see its random streams moved by the transform. CUDA
+    generators are never seeded: that would initialise CUDA in a worker, and in the rank it would change the
+    training loop's GPU random stream.
+
+    Raises:
+        TypeError: ``fn`` returned something that is not a mapping and there is no ``collate``.
+        Exception: whatever ``fn`` or ``collate`` raise.
+    """
+    import torch
+
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state()) if keep_rng else None
+    _state.seed = s = seed_for(seed, epoch, index)
+    try:
+        _seed_globals(s)
+        out = fn(batch)
+        if collate is not None:
+            return collate(out)
+        if not isinstance(out, Mapping):
+            raise TypeError(f"the transform returned a {type(out).__name__}, not a dict of column -> tensor; "
+                            "return a dict, or pass collate= to turn what it returns into the batch")
+        return out
+    finally:
+        _state.seed = None
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
+
+
+# -- framing ---------------------------------------------------------------------------------------------
+def _tensor_from_numpy(array: np.ndarray):
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        # A plain CPU tensor as a numpy view of its memory: numpy's protocol-5 reduction then hands that
+        # memory to buffer_callback instead of copying it into the pickle (torch's own reduction serialises
+        # the whole storage, even of a small view). Other tensors (bfloat16, which numpy lacks; on a GPU;
+        # needing grad) take torch's reduction.
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu" \
+                and obj.layout == torch.strided and not obj.requires_grad:
+            try:
+                return _tensor_from_numpy, (obj.numpy(),)
+            except (TypeError, RuntimeError):
+                pass
+        return NotImplemented
+
+
+def encode(obj: Any) -> List[memoryview]:
+    """``obj`` as the parts of one message (header, pickle, out-of-band buffers), ready for :func:`send`.
+
+    Raises whatever pickling ``obj`` raises, before anything is written: the stream stays intact.
+    """
+    buffers: List[pickle.PickleBuffer] = []
+    data = io.BytesIO()
+    _Pickler(data, protocol=5, buffer_callback=buffers.append).dump(obj)
+    views = [b.raw() for b in buffers]  # numpy only hands over contiguous buffers
+    sizes = [data.getbuffer().nbytes] + [v.nbytes for v in views]
+    header = struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)
+    return [memoryview(header), data.getbuffer()] + views
+
+
+def send(sock, parts: List[memoryview]) -> None:
+    """Write an :func:`encode`-d message. Raises ``OSError`` when the other side has gone."""
+    for part in parts:
+        sock.sendall(part)
+
+
+def _read_into(sock, view: memoryview) -> None:
+    while view.nbytes:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise EOFError("the other side closed the connection")
+        view = view[n:]
+
+
+def recv(sock) -> Any:
+    """Read one message. Raises ``EOFError`` or ``OSError`` when the other side has gone."""
+    count = bytearray(8)
+    _read_into(sock, memoryview(count))
+    (n,) = struct.unpack("<Q", count)
+    sizes = bytearray(8 * n)
+    _read_into(sock, memoryview(sizes))
+    parts = [bytearray(size) for size in struct.unpack(f"<{n}Q", sizes)]
+    for part in parts:
+        _read_into(sock, memoryview(part))
+    # The buffers are fresh bytearrays: the arrays and tensors built on them are writable and own no one
+    # else's memory.
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+# -- the worker's main loop ------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """SIGKILL this process when the thread of the rank that started it ends (Linux; elsewhere a no-op). Only
+    asked for when that thread is the rank's main thread, whose end is the process's end: the kernel sends
+    the signal when the creating *thread* exits, so a worker started from a short-lived thread would die
+    early. The socket's end of file and the parent-pid poll in :func:`_receive` cover every other case."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _exit_now() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 -- exiting anyway
+            pass
+    os._exit(0)
+
+
+def _receive(sock, inbox: "queue.SimpleQueue", parent_pid: int) -> None:
+    """The receiving thread: moves messages to ``inbox`` as they come, so the rank's writes never wait for
+    the transform in progress (and the two sides can never both block writing to each other). Ends the
+    process on end of file (the rank closed the pool, or died) or once the rank is no longer its parent, even
+    while a transform is running in the main thread."""
+    try:
+        while True:
+            ready, _, _ = select.select([sock], [], [], _PARENT_POLL_S)
+            if ready:
+                inbox.put(recv(sock))
+            elif os.getppid() != parent_pid:
+                break
+    except BaseException:  # noqa: BLE001 -- end of file or a broken stream: the rank is done with us
+        pass
+    _exit_now()
+
+
+def worker_main(sock, parent_pid: int, die_with_parent: bool) -> None:
+    """A worker process's life: load the transform, then transform batches in the order they arrive."""
+    if die_with_parent:
+        _die_with_parent()
+    if os.getppid() != parent_pid:  # the rank died before the line above took effect
+        _exit_now()
+    # Ctrl-C in a terminal reaches the whole process group: the rank handles it (and closes the pool); a
+    # worker stopped by it mid-batch would only report a second, misleading error.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    # As torch's DataLoader workers do: k workers with one intra-op thread each, not k times the cores.
+    torch.set_num_threads(1)
+    inbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    threading.Thread(target=_receive, args=(sock, inbox, parent_pid), name="receive", daemon=True).start()
+    try:
+        fn, collate, seed = pickle.loads(inbox.get())
+    except BaseException as exc:  # noqa: BLE001 -- reported to the rank with every batch it sends
+        failure = (f"the transform could not be loaded in the worker process: {_summary(exc)}",
+                   traceback.format_exc())
+        fn = collate = seed = None
+    else:
+        failure = None
+    while True:
+        run, index, epoch, batch = inbox.get()
+        try:
+            if failure is not None:
+                parts = encode(("error", run, index) + failure)
+            else:
+                parts = encode(("ok", run, index, apply(fn, collate, batch, seed, epoch, index)))
+        except BaseException as exc:  # noqa: BLE001 -- fn's error (or an output that cannot be pickled)
+            parts = encode(("error", run, index, _summary(exc), traceback.format_exc()))
+        del batch
+        try:
+            send(sock, parts)
+        except OSError:
+            _exit_now()
+
+
+def _summary(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
