@@ -46,13 +46,41 @@ class TrainContext:
 
     # -- data -------------------------------------------------------------------------------------------
     def loader(self, name: str, batch_size: int, *, epoch: int = 0, shuffle: bool = True, seed: int = 0,
-               columns=None, drop_last: bool = True, dtypes=None):
-        """This rank's equal shard of dataset ``name`` as batches (dicts of torch tensors).
+               columns=None, drop_last: bool = True, dtypes=None, pad=None, pad_side: str = "right", ragged=(),
+               shapes=None, transform=None, workers: int = 0, collate=None):
+        """This rank's equal shard of dataset ``name`` as batches (dicts of column -> tensor, or list).
 
-        Every rank yields the same number of batches; the order depends only on ``(seed, epoch)``.
+        Every rank yields the same number of batches; the order depends only on ``(seed, epoch)``. What a batch
+        holds of each column kind (the options as :func:`spark_dist.data.make_loader` takes them):
+
+        - numbers ``[batch]``; arrays of one length and ML vectors ``[batch, length]``; nested arrays
+          ``[batch, *shape]``; ``shapes={"pixels": (3, 8, 8)}`` reshapes an array, vector or nested column;
+          ``dtypes={"x": torch.float64}`` overrides the dtype (default float32, int64, bool);
+        - arrays of numbers of varying length: padded ``[batch, longest in the batch]`` with ``pad`` (a number, or
+          column -> number; default 0) on ``pad_side`` (``"right"`` or ``"left"``), plus the int64 lengths under
+          ``"<column>_lengths"``; or, for the columns in ``ragged``, a list of 1-D tensors;
+        - ``binary``: a list of ``bytes``; ``string``: a list of ``str``.
+
+        ``transform`` (a function of a batch, returning a dict of tensors: decode JPEGs with PIL, tokenize text,
+        augment) runs on every batch in ``workers`` worker processes (fresh interpreters, never a fork of this
+        rank; ``0`` runs it in the loader's thread), a bounded number of batches in flight, in the loader's
+        order; ``collate`` turns what it returns into the batch where a dict does not fit. Random augmentations
+        are reproducible: each batch is transformed with ``random``, ``numpy.random`` and torch seeded from
+        ``(seed, epoch, batch)``. A transform's exception is raised here as a ``TransformError`` (a
+        ``DatasetError``) naming the dataset, epoch and batch, with the worker's traceback.
+
+        ``loader.set_epoch(e)`` (Lightning calls ``loader.sampler.set_epoch``) picks the epoch; ``loader.state_dict()``
+        and ``loader.load_state_dict(state)`` save and restore the place in an epoch with a checkpoint, so a
+        resumed run goes on at the exact next batch.
 
         Raises:
             KeyError: ``name`` was not passed in ``datasets=`` to ``run()`` (the message lists those given).
+            ValueError: ``batch_size`` < 1, ``workers`` < 0, ``collate`` without ``transform``, or ``pad_side``
+                neither ``"right"`` nor ``"left"``.
+            TransformError: ``transform`` failed on a batch (raised while iterating).
+            DatasetError: a column in ``columns``, ``dtypes``, ``pad``, ``ragged`` or ``shapes`` that the dataset
+                does not have or that the option does not apply to, a shape of another size than the column's,
+                or fewer rows per rank than ``batch_size`` with ``drop_last=True``.
         """
         if name not in self.datasets:
             given = ", ".join(sorted(self.datasets)) or "none"
@@ -62,7 +90,8 @@ class TrainContext:
         loader = make_loader(self.datasets[name], rank=self.rank, world_size=self.world_size,
                              batch_size=batch_size, epoch=epoch, shuffle=shuffle, seed=seed,
                              columns=columns, drop_last=drop_last, device=self.device if self.use_gpu else None,
-                             dtypes=dtypes)
+                             dtypes=dtypes, pad=pad, pad_side=pad_side, ragged=ragged, shapes=shapes,
+                             transform=transform, workers=workers, collate=collate)
         if self.rank == 0 and self._reporter is not None:  # the driver's progress bar follows rank 0's loader
             loader.on_progress = self._progress
         self.loaders.append(loader)

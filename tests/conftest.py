@@ -54,10 +54,11 @@ os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
 # not pick up an archive that a benchmark built in the user's cache. Removed with the run's temp directory.
 os.environ["SPARK_DIST_CACHE"] = tempfile.mkdtemp(prefix="spark_dist-test-cache-", dir=RUN_TEMP_DIR)
 # cloudpickle pickles functions of test modules by reference ("test_x.f"): Python workers of every
-# set-up (they inherit the JVM's environment) must be able to import tests/*.py too.
+# set-up (they inherit the JVM's environment) must be able to import tests/*.py and tests/<kind>/*.py too.
 _tests_dir = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in [_tests_dir, os.environ.get("PYTHONPATH", "")] if p)
+    p for p in [_tests_dir, *(os.path.join(_tests_dir, kind) for kind in ("unit", "spark", "e2e")),
+                os.environ.get("PYTHONPATH", "")] if p)
 
 import pytest  # noqa: E402
 import pytest_timeout  # noqa: E402

@@ -72,3 +72,14 @@ def rows_view(array: np.ndarray) -> np.ndarray:
     array = np.ascontiguousarray(array)
     row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
     return array.view(np.dtype((np.void, row_bytes))).reshape(len(array))
+
+
+def nested_values(arr) -> np.ndarray:
+    """The numbers of a nested list array's rows (lists of lists of ...), in order, as one flat numpy array: each
+    level sliced by its offsets, as :func:`list_values` does one (no copy where :func:`to_numpy` takes none)."""
+    import pyarrow as pa
+
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        start, end = arr.offsets[0].as_py(), arr.offsets[-1].as_py()  # a null row spans no values: none here
+        arr = arr.values.slice(start, end - start)
+    return to_numpy(arr)

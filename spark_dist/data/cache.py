@@ -10,17 +10,17 @@ from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Tuple
 
 from ..spark import session
-from .checks import _aggregate_cache, _enough_rows, _judge
+from .checks import _aggregate_cache, _enough_rows, _judge, unequal_lengths
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
 from .location import CACHE_DIR_CONF, _check_reachable, _parent_url, remote_hosts
 from .registry import (_Entry, _add, _app_id, _delete, _done_writing, _evict, _find_or_claim, _hold, _input_files,
                        _register_cleanup, clear_cache, in_use, preparing)
-from .schema import SCALAR, column_kinds
+from .schema import ARRAY, SCALAR, SEQUENCE, column_kinds
 from .write import _materialise
 
 
-def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
-                     value_ranges: Iterable[str] = ()) -> Dict[str, DatasetHandle]:
+def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_ranges: Iterable[str] = (),
+                     fixed_length: Iterable[str] = ()) -> Dict[str, DatasetHandle]:
     """Materialise each DataFrame once as a Petastorm-format cache (a plain DataFrame write, so it also runs
     under Spark Connect) and describe it for the ranks.
 
@@ -30,6 +30,11 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
     cache without a job, and a :class:`DatasetHandle` this function returned passes through as it is. Vector
     columns are stored as float32 arrays and doubles as float32; each handle's column stats hold the lengths,
     and the value ranges of the number columns named in ``value_ranges``, measured before that narrowing.
+
+    Column kinds (see :func:`spark_dist.data.make_loader` for what a batch holds of each): numbers; arrays of
+    numbers, a ``"sequence"`` when their rows differ in length (unless named in ``fixed_length``, where one
+    length is needed, e.g. a model's input) and an ``"array"`` otherwise; ML vectors; nested arrays of numbers
+    (``array<array<float>>``; every row the same shape, checked by the write); binary; string.
     The same DataFrame prepared by two threads at once is written once. The caches are deleted by
     :func:`clear_cache` (which leaves alone the caches a call under way is writing or has handed out), when
     the SparkContext stops, or when this process exits.
@@ -40,10 +45,12 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
     cluster); with executors on other hosts it is refused, because they could not see each other's files.
 
     Raises:
-        DatasetError: a handle whose cache was deleted, a column of an unsupported type (string, struct,
-            map, decimal, ...), an empty DataFrame, fewer rows than ``num_ranks``, nulls in a column, arrays
-            or vectors of unequal length or empty, a cache dir URL without a scheme, or a ``file://`` cache
-            while executors run on other hosts. Each message names the dataset and the column or conf key.
+        DatasetError: a handle whose cache was deleted, a column of an unsupported type (struct, map, decimal,
+            date, arrays of strings, ...; the message says what to do instead), an empty DataFrame, fewer rows
+            than ``num_ranks``, nulls in a column (or null elements in an array), vectors (or arrays named in
+            ``fixed_length``) of unequal length, nested arrays of unequal shape, arrays that are empty in every
+            row, a cache dir URL without a scheme, or a ``file://`` cache while executors run on other hosts.
+            Each message names the dataset and the column or conf key, and says how to fill or drop nulls.
         TypeError: ``datasets`` is not a dict of name -> DataFrame (or DatasetHandle).
         ValueError: ``num_ranks`` < 1.
     """
@@ -72,7 +79,7 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int,
                 handles[name] = pass_through(name, df, num_ranks)
             else:
                 handles[name] = _prepare_one(spark, name, df, kinds[name], num_ranks, parent_url, app_id,
-                                             tuple(value_ranges), held)
+                                             tuple(value_ranges), held, tuple(fixed_length))
         _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
     return handles
 
@@ -94,17 +101,21 @@ def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHan
 
 
 def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, parent_url: str, app_id: str,
-                 ranges: Tuple[str, ...], held: List[str]) -> DatasetHandle:
+                 ranges: Tuple[str, ...], held: List[str], fixed_length: Tuple[str, ...] = ()) -> DatasetHandle:
     """``df``'s cache, found or written, and held (in use) until the ``prepare_datasets`` call returns."""
     inputs = _input_files(spark, df)
     hit, mine = _find_or_claim(app_id, parent_url, df, inputs, held)
     if hit is not None:
         _enough_rows(name, hit.handle.num_rows, num_ranks)
+        for c in fixed_length:  # written for a caller that took arrays of any length
+            info = hit.handle.column(c) if c in kinds else None
+            if info is not None and info.kind == SEQUENCE:
+                raise unequal_lengths(name, c, ARRAY, *info.stats.length_range)
         missing = [c for c in ranges if c in kinds and kinds[c] == SCALAR
                    and hit.handle.column(c).stats.minimum is None and not hit.handle.column(c).stats.nans]
         if missing:  # written by a caller that did not ask for these ranges: one aggregation over the cache
             stats = _aggregate_cache(spark, hit.handle.cache_dir_url, df.schema, kinds, ranges)
-            described = _judge(name, stats, hit.handle.num_rows, kinds, num_ranks)
+            _, described = _judge(name, stats, hit.handle.num_rows, kinds, num_ranks)
             hit.handle = replace(hit.handle, columns=tuple(
                 replace(c, stats=described.get(c.name, c.stats)) for c in hit.handle.columns))
         return replace(hit.handle, name=name)
@@ -114,8 +125,8 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
         try:
             if stats is None:
                 stats = _aggregate_cache(spark, converter.cache_dir_url, df.schema, kinds, ranges)
-            described = _judge(name, stats, len(converter), kinds, num_ranks)
-            entry.handle = _described(spark, name, converter.cache_dir_url, converter.file_urls, kinds, described)
+            settled, described = _judge(name, stats, len(converter), kinds, num_ranks, fixed_length)
+            entry.handle = _described(spark, name, converter.cache_dir_url, converter.file_urls, settled, described)
         except BaseException:
             _delete(entry)
             raise

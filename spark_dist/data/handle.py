@@ -7,16 +7,19 @@ from typing import Dict, Optional, Sequence, Tuple
 from urllib.parse import unquote, urlparse
 
 from ..errors import DatasetError
-from .schema import ARRAY, SCALAR, VECTOR  # noqa: F401 -- a ColumnInfo's kinds, importable from here as before
+from .schema import (ARRAY, BINARY, NESTED, NUMBER_KINDS, SCALAR, SEQUENCE, STRING,  # noqa: F401 -- a ColumnInfo's
+                     VECTOR)  # kinds, importable from here as before
 
 
 @dataclass(frozen=True)
 class ColumnStats:
     """What the driver measured of one column while materialising it (before the float32 narrowing).
 
-    ``length``: values per row of an array or vector column. For the number columns a caller asked ranges
-    of: ``minimum``, ``maximum`` (NaN left out; ``None`` when there is no number), ``nans``, and
-    ``non_integers``, how many values have a fraction.
+    ``length``: values per row of an array, vector or nested column (for a nested one, the product of
+    ``shape``, each row's shape). ``length_range``: the shortest and longest array of a sequence column (arrays
+    of numbers whose rows differ in length). For the number columns a caller asked ranges of: ``minimum``,
+    ``maximum`` (NaN left out; ``None`` when there is no number), ``nans``, and ``non_integers``, how many values
+    have a fraction.
     """
 
     length: Optional[int] = None
@@ -24,26 +27,43 @@ class ColumnStats:
     maximum: Optional[float] = None
     non_integers: int = 0
     nans: int = 0
+    shape: Optional[Tuple[int, ...]] = None
+    length_range: Optional[Tuple[int, int]] = None
 
 
 @dataclass(frozen=True)
 class ColumnInfo:
     """One column of a cached dataset.
 
-    ``kind`` is ``"scalar"``, ``"array"`` or ``"vector"`` (an ML vector, stored densely as an array);
-    ``dtype`` is the numpy dtype of the values in the cache (``"float32"``, ``"int64"``, ...);
-    ``stats`` holds the length of an array or vector column, the range of a number column.
+    ``kind`` is ``"scalar"``, ``"array"`` (of one length), ``"vector"`` (an ML vector, stored densely as an
+    array), ``"nested"`` (arrays of arrays of numbers, one shape), ``"sequence"`` (arrays of numbers of
+    varying length), ``"binary"`` or ``"string"``; ``dtype`` is the numpy dtype of the values in the cache
+    (``"float32"``, ``"int64"``, ...; ``"object"`` for binary and string); ``stats`` holds the length of an
+    array or vector column, the shape of a nested one, the range of a number column. ``row_bytes``: the
+    average bytes a row of a binary, string or sequence column takes in the cache (from the files' footers),
+    which sizes the loader's shuffle window.
     """
 
     name: str
     kind: str
     dtype: str
     stats: ColumnStats = ColumnStats()
+    row_bytes: Optional[float] = None
 
     @property
     def length(self) -> Optional[int]:
-        """Values per row of an array or vector column (``None`` for numbers)."""
+        """Values per row of an array, vector or nested column (``None`` for numbers and the variable kinds)."""
         return self.stats.length
+
+    @property
+    def shape(self) -> Optional[Tuple[int, ...]]:
+        """Each row's shape: ``()`` for a number, ``(length,)`` for an array or vector, the measured shape of a
+        nested column; ``None`` for the kinds whose rows differ in size (sequence, binary, string)."""
+        if self.kind == SCALAR:
+            return ()
+        if self.kind == NESTED:
+            return self.stats.shape
+        return (self.length,) if self.kind in (ARRAY, VECTOR) else None
 
 
 @dataclass(frozen=True)
@@ -149,13 +169,14 @@ def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
     """Build the handle of Parquet files from their footers (row groups, value types).
 
     ``kinds`` and ``stats`` come from the driver's schema check and measures; the value dtypes are read
-    from the files themselves, because the Petastorm converter may have narrowed them (double -> float).
+    from the files themselves, because the Petastorm converter may have narrowed them (double -> float), and
+    so are the bytes of the variable kinds' rows (their column chunks' sizes: the cache is uncompressed).
     """
     import numpy as np
     import pyarrow as pa
 
     urls = tuple(sorted(file_urls))  # Spark lists them in no fixed order; every rank must agree on one
-    row_groups, dtypes, total = [], {}, 0
+    row_groups, dtypes, total, leaf_of, chunk_bytes = [], {}, 0, {}, {}
     for url in urls:
         pf = open_parquet(url)
         md = pf.metadata
@@ -163,10 +184,16 @@ def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
         total += md.num_rows
         if not dtypes:
             for field in pf.schema_arrow:
-                t = field.type
+                t, leaf_of[field.name] = field.type, len(dtypes)
                 while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
                     t = t.value_type
                 dtypes[field.name] = np.dtype(t.to_pandas_dtype()).name
-    columns = tuple(ColumnInfo(c, kinds[c], dtypes[c], stats.get(c, ColumnStats())) for c in kinds)
+            # Every kind the cache holds is one Parquet leaf column per top-level column, in order: else unknown.
+            leaf_of = leaf_of if md.num_columns == len(dtypes) else {}
+        for c in (c for c in kinds if kinds[c] in (BINARY, STRING, SEQUENCE) and c in leaf_of):
+            chunk_bytes[c] = chunk_bytes.get(c, 0) + sum(md.row_group(g).column(leaf_of[c]).total_uncompressed_size
+                                                         for g in range(md.num_row_groups))
+    columns = tuple(ColumnInfo(c, kinds[c], dtypes[c], stats.get(c, ColumnStats()),
+                               chunk_bytes[c] / max(total, 1) if c in chunk_bytes else None) for c in kinds)
     return DatasetHandle(name=name, cache_dir_url=cache_dir_url, file_urls=urls,
                          row_group_rows=tuple(row_groups), num_rows=total, columns=columns)

@@ -5,10 +5,9 @@ No Spark here, only the Parquet files the driver's Petastorm converter wrote.
 Why not Petastorm's reader (``make_batch_reader`` / ``make_torch_dataloader``): it shards by row group,
 round robin, so 1,000 rows in 10 row groups over 3 ranks gives 400/300/300 rows and DDP hangs on the
 rank with more batches; its worker pool returns row groups in no fixed order, so an epoch cannot be
-reproduced; and it is much slower than a plain pyarrow read on array columns (see BENCHMARKS.md, Data
-loading; bench/bench_data.py). So the Petastorm converter owns the cache
-and this module reads the cache's files with pyarrow: whole columns at a time, list values reshaped
-without a copy, no per-row Python.
+reproduced; and it is much slower than a plain pyarrow read on array columns (BENCHMARKS.md, Data loading).
+So this module reads the cache's files with pyarrow: whole columns at a time, list values reshaped without a
+copy, no per-row Python.
 
 The epoch order (:func:`shard_pieces`, :func:`block_runs`): the row groups of all files in a permuted order,
 and inside each row group its blocks of 256 rows in a permuted order, both from ``(seed, epoch)`` only.
@@ -16,6 +15,11 @@ Rank ``r`` takes positions ``[r*n, (r+1)*n)`` of that order, so ranks never over
 exactly ``n`` rows whatever the file layout. Inside a rank, rows are shuffled again one by one across a
 window of about 16 MiB (two of the cache's row groups) while they are copied out of pyarrow's buffers: that
 copy is the only one, and a batch is a view of it. Two more threads decode the next row groups meanwhile.
+
+The columns whose rows differ in size (binary, string, sequence) are gathered by :mod:`.variable_size` into the
+same places of the same windows, so every column of a batch holds the same rows; the window's size counts
+their bytes (their average row in the cache, from the files' footers). The numbers' path does not change with
+them. A loader's place in its epochs: :mod:`.loader_state`; a user's transform: :mod:`.transformed_loader`.
 """
 import math
 import queue
@@ -26,9 +30,13 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .arrays import default_dtype, list_values, numpy_dtype, rows_view, to_numpy, torch_dtype
+from . import variable_size
+from .arrays import list_values, nested_values, numpy_dtype, rows_view, to_numpy
+from .column_options import ColumnOptions, check_sizes, resolve
 from .epoch_order import block_runs, merged, shard_pieces
-from .handle import SCALAR, DatasetError, DatasetHandle, open_parquet
+from .handle import NESTED, NUMBER_KINDS, SCALAR, DatasetError, DatasetHandle, open_parquet
+from .loader_state import Resumable, windows_to_read
+from .transformed_loader import TransformedLoader, check_transform
 
 _WINDOW_BYTES = 16 << 20     # rows shuffled together inside a rank; with the cache's 8 MiB row groups this bounds a
 #                              rank's peak memory growth whatever the dataset's size (bench/bench_scaling.py)
@@ -40,30 +48,37 @@ _DECODE_AHEAD = 4            # row groups decoded ahead of the window being gath
 _END = object()
 
 
-class ShardLoader:
+class ShardLoader(Resumable):
     """An iterable over this rank's batches of one epoch; see :func:`make_loader`.
 
     ``len(loader)`` is the number of batches, the same on every rank. Iterating again replays the same
-    epoch; :meth:`set_epoch` moves to another. Timing, summed over all iterations so far:
-    ``wait_seconds`` (the consumer waited for data), ``read_seconds`` (the background thread read and
-    shuffled), ``batches`` and ``rows`` yielded.
+    epoch; :meth:`set_epoch` moves to another (``loader.sampler.set_epoch`` too, which is what Lightning
+    calls). :meth:`state_dict` and :meth:`load_state_dict` save and restore the place in an epoch. Timing,
+    summed over all iterations so far: ``wait_seconds`` (the consumer waited for data), ``read_seconds`` (the
+    background thread read and shuffled), ``batches`` and ``rows`` yielded.
     """
 
     def __init__(self, handle: DatasetHandle, *, rank: int, world_size: int, batch_size: int, epoch: int,
-                 shuffle: bool, seed: int, columns: Sequence[str], drop_last: bool, device, dtypes: Dict):
+                 shuffle: bool, seed: int, columns: Sequence[str], drop_last: bool, device, options: ColumnOptions):
         self.handle, self.rank, self.world_size, self.batch_size = handle, rank, world_size, batch_size
         self.epoch, self.shuffle, self.seed, self.drop_last = epoch, shuffle, seed, drop_last
         self.columns = [handle.column(c) for c in columns]
         self.device = device
-        self._torch_dtypes = {c.name: dtypes[c.name] for c in self.columns}
+        self._options = options
+        # The fixed-size numbers take the numpy path; the others (binary, string, sequence) .variable_size.
+        self._numbers = [c for c in self.columns if c.kind in NUMBER_KINDS]
+        self._variable = [c for c in self.columns if c.kind not in NUMBER_KINDS]
+        self._torch_dtypes = {c.name: options.dtypes[c.name] for c in self._numbers}
         self._np_dtypes = {c: numpy_dtype(t) for c, t in self._torch_dtypes.items()}
         self._groups = [(f, g) for f, rows in enumerate(handle.row_group_rows) for g in range(len(rows))]
         self._group_rows = [n for rows in handle.row_group_rows for n in rows]
-        row_bytes = sum(np.dtype(c.dtype).itemsize * (c.length or 1) for c in self.columns)
+        row_bytes = sum(np.dtype(c.dtype).itemsize * (c.length or 1) for c in self._numbers)
+        row_bytes += variable_size.row_bytes(self._variable)
         self._window_rows = max(batch_size, _WINDOW_BYTES // max(row_bytes, 1))
         self.wait_seconds = self.read_seconds = 0.0
         self.batches = self.rows = 0
         self.on_progress = None  # called with (epoch, batches yielded, len(self)) after each batch
+        self._resume_at, self._at = None, (epoch, 0)  # see Resumable
 
     @property
     def rows_per_rank(self) -> int:
@@ -73,9 +88,6 @@ class ShardLoader:
     def __len__(self) -> int:
         n = self.rows_per_rank
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     # -- the background thread's side ------------------------------------------------------------------
     def _decode(self, group: int):
@@ -92,13 +104,15 @@ class ShardLoader:
         # pieces, and no row group ever needs one contiguous buffer.
         for rb in parquet_file.iter_batches(batch_size=_READ_CHUNK_ROWS, row_groups=[g],
                                         columns=[c.name for c in self.columns], use_threads=_DECODE_THREADS):
-            for c in self.columns:
+            for c in self._variable:
+                chunks[c.name].append(rb.column(c.name))  # pyarrow's own array: gathered by pyarrow
+            for c in self._numbers:
                 arr = rb.column(c.name)
                 if c.kind == SCALAR:
                     chunks[c.name].append(to_numpy(arr))
                     continue
                 # The list's values as one flat buffer, reshaped: no per-row work and no copy.
-                flat = list_values(arr)
+                flat = list_values(arr) if c.kind != NESTED else nested_values(arr)
                 if flat.size != len(arr) * c.length:
                     raise DatasetError(f"dataset {self.handle.name!r}: column {c.name!r} in "
                                        f"{self.handle.file_urls[f]} does not hold {c.length} values in every row")
@@ -142,7 +156,7 @@ class ShardLoader:
         dest = (np.random.default_rng([self.seed, self.epoch, 2, self.rank, window]).permutation(total) + kept
                 if self.shuffle else None)
         out = {c.name: np.empty((kept + total,) + ((c.length,) if c.length else ()),
-                                dtype=self._np_dtypes[c.name] or c.dtype) for c in self.columns}
+                                dtype=self._np_dtypes[c.name] or c.dtype) for c in self._numbers}
         if kept:
             for name, arr in out.items():
                 arr[:kept] = carry[name]
@@ -153,7 +167,7 @@ class ShardLoader:
         # Where a column keeps its dtype, each row is moved as one opaque value (a numpy void of the row's
         # bytes) by np.put: less CPU than numpy's fancy assignment of 2-D rows, which walks every element (see
         # BENCHMARKS.md, Data loading).
-        as_rows = {c.name: rows_view(out[c.name]) for c in self.columns
+        as_rows = {c.name: rows_view(out[c.name]) for c in self._numbers
                    if dest is not None and np.dtype(c.dtype) == out[c.name].dtype}
         at = 0
         for group, first, end in runs:
@@ -170,10 +184,16 @@ class ShardLoader:
                     else:
                         arr[where] = part
                 at, first, k = at + n, stop, k + 1
+        if self._variable:  # the same runs, each row to the same place: every column of a batch has the same rows
+            order = variable_size.window_order(dest, kept)
+            out.update({c.name: variable_size.gather_column(c.name, decoded, runs, order, carry and carry[c.name])
+                        for c in self._variable})
+            out = {c.name: out[c.name] for c in self.columns}
         return out
 
-    def _windows(self) -> Iterator[List[Dict]]:
-        """Lists of batches (dicts of CPU tensors), one list per shuffle window.
+    def _windows(self, skip: int = 0) -> Iterator[List[Dict]]:
+        """Lists of batches (dicts of CPU tensors), one list per shuffle window, from batch ``skip`` of the epoch
+        on (the windows before it are gathered only where they carry rows over: .loader_state.windows_to_read).
 
         Row groups are decoded by ``_DECODE_WORKERS`` threads, one row group each, up to ``_DECODE_AHEAD``
         row groups ahead of the window being gathered: decoding (pyarrow, no GIL) and the shuffling copy
@@ -187,9 +207,11 @@ class ShardLoader:
 
         pin = self.device is not None and torch.device(self.device).type == "cuda"
         plan = list(self._window_runs())  # metadata only: every window's runs, known before any read
+        todo = windows_to_read([sum(end - first for _, first, end in runs) for runs in plan], self.batch_size,
+                               self.drop_last, skip)
         need_order, last_use = [], {}
-        for index, runs in enumerate(plan):
-            for group, _, _ in runs:
+        for index, _ in todo:
+            for group, _, _ in plan[index]:
                 if group not in last_use:
                     need_order.append(group)
                 last_use[group] = index
@@ -197,10 +219,12 @@ class ShardLoader:
                                      thread_name_prefix=f"spark_dist-decode-{self.handle.name}-rank{self.rank}")
         pending: Dict[int, "Future"] = {}
         submitted = 0
-        carry, bs = None, self.batch_size
+        carry, bs, previous = None, self.batch_size, -1
         try:
-            for index, runs in enumerate(plan):
-                t0 = time.perf_counter()
+            for index, skipped in todo:
+                runs, t0 = plan[index], time.perf_counter()
+                carry = carry if index == previous + 1 else None  # a window not read carried nothing over
+                previous = index
                 wanted = {group for group, _, _ in runs}
                 # This window's row groups, then up to _DECODE_AHEAD more in the order windows need them.
                 while submitted < len(need_order) and (
@@ -218,7 +242,7 @@ class ShardLoader:
                 n = len(next(iter(rows.values())))
                 last = index == len(plan) - 1  # the last window keeps its partial batch
                 cut = n if last and not self.drop_last else n // bs * bs
-                batches = [self._to_torch(rows, s, min(s + bs, cut), pin) for s in range(0, cut, bs)]
+                batches = [self._to_torch(rows, s, min(s + bs, cut), pin) for s in range(skipped * bs, cut, bs)]
                 carry = None if cut == n else {c: a[cut:] for c, a in rows.items()}
                 self.read_seconds += time.perf_counter() - t0
                 yield batches
@@ -228,17 +252,22 @@ class ShardLoader:
     def _to_torch(self, rows, start: int, stop: int, pin: bool) -> Dict:
         import torch
 
-        batch = {}
+        batch, shapes = {}, self._options.shapes
         for c, a in rows.items():
+            if c not in self._np_dtypes:  # a variable-size column
+                batch.update(variable_size.batch_values(self.handle.column(c), a, start, stop, self._options, pin))
+                continue
             t = torch.from_numpy(a[start:stop])  # a view of the window: no copy
+            if c in shapes:
+                t = t.view(-1, *shapes[c])
             if self._np_dtypes[c] is None:
                 t = t.to(self._torch_dtypes[c])
             batch[c] = t.pin_memory() if pin else t
         return batch
 
-    def _produce(self, out: "queue.Queue", stop: threading.Event) -> None:
+    def _produce(self, out: "queue.Queue", stop: threading.Event, skip: int = 0) -> None:
         try:
-            for item in self._windows():
+            for item in self._windows(skip):
                 if not _put(out, item, stop):
                     return
             _put(out, _END, stop)
@@ -247,13 +276,20 @@ class ShardLoader:
 
     # -- the consumer's side ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Dict]:
-        expected = len(self)
+        # A generator: nothing below runs before the first batch is asked for, so a set_epoch between iter() and
+        # the first next() (Lightning's order) still picks this iteration's epoch.
+        epoch = self.epoch
+        skip = self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else 0
+        self._resume_at, self._at = None, (epoch, skip)
+        expected = len(self) - skip
         out: "queue.Queue" = queue.Queue(maxsize=_PREFETCH_WINDOWS)
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(out, stop), daemon=True,
+        thread = threading.Thread(target=self._produce, args=(out, stop, skip), daemon=True,
                                   name=f"spark_dist-loader-{self.handle.name}-rank{self.rank}")
         thread.start()
         yielded = 0
+        move = (lambda b: {c: t.to(self.device, non_blocking=True) for c, t in b.items()}) if not self._variable \
+            else (lambda b: variable_size.to_device(b, self.device))
         try:
             while True:
                 t0 = time.perf_counter()
@@ -265,12 +301,13 @@ class ShardLoader:
                     raise item
                 for batch in item:
                     if self.device is not None:
-                        batch = {c: t.to(self.device, non_blocking=True) for c, t in batch.items()}
+                        batch = move(batch)
                     yielded += 1
                     self.batches += 1
                     self.rows += len(next(iter(batch.values())))
+                    self._at = (epoch, skip + yielded)
                     if self.on_progress is not None:
-                        self.on_progress(self.epoch, yielded, expected)
+                        self.on_progress(epoch, skip + yielded, skip + expected)
                     yield batch
             if yielded != expected:  # would hang DDP on the other ranks: fail loudly instead
                 raise RuntimeError(f"dataset {self.handle.name!r}: rank {self.rank} yielded {yielded} batches, "
@@ -293,50 +330,71 @@ def _put(out: "queue.Queue", item, stop: threading.Event) -> bool:
 
 def make_loader(handle: DatasetHandle, *, rank: int, world_size: int, batch_size: int, epoch: int = 0,
                 shuffle: bool = True, seed: int = 0, columns: Optional[Sequence[str]] = None,
-                drop_last: bool = True, device=None, dtypes: Optional[Dict] = None) -> ShardLoader:
-    """This rank's share of ``handle`` for one epoch, as batches: dicts of column name -> ``torch.Tensor``.
+                drop_last: bool = True, device=None, dtypes: Optional[Dict] = None, pad=None,
+                pad_side: str = "right", ragged: Sequence[str] = (), shapes: Optional[Dict] = None, transform=None,
+                workers: int = 0, collate=None):
+    """This rank's share of ``handle`` for one epoch, as batches: dicts of column name -> ``torch.Tensor`` (or a
+    list, for the kinds below that are no tensor).
 
     Every rank yields exactly ``len(loader)`` batches, whatever the file and row-group layout, and no row
     goes to two ranks in one epoch. The order depends only on ``(seed, epoch)`` (and ``rank`` inside the
-    rank), so a retry replays it exactly. Scalar columns come as 1-D tensors, array and vector columns as
-    2-D ``[batch, length]``; floating columns as float32, integer ones as int64, unless ``dtypes`` (column ->
-    torch or numpy dtype) says otherwise. ``columns`` picks columns (default: all, in the dataset's order).
+    rank), so a retry replays it exactly; every column of a batch holds the same rows. ``columns`` picks
+    columns (default: all, in the dataset's order). What a batch holds of each column kind:
+
+    - numbers: a 1-D tensor ``[batch]``; arrays of one length and ML vectors: ``[batch, length]``; nested
+      arrays (``array<array<float>>``, one shape, checked by the write): ``[batch, *shape]``. ``shapes``
+      (column -> tuple) gives an array, vector or nested column another shape of the same size, e.g.
+      ``shapes={"pixels": (3, 8, 8)}`` for 192 values a row: ``[batch, 3, 8, 8]``.
+    - floating values come as float32, integers as int64, booleans as bool, unless ``dtypes`` (column -> torch
+      or numpy dtype) says otherwise.
+    - arrays of numbers whose rows differ in length (a ``"sequence"`` column): a tensor ``[batch, longest in
+      the batch]`` padded with ``pad`` (a number for every sequence column, or column -> number; default 0)
+      after each row's values (``pad_side="right"``) or before them (``"left"``), and beside it the int64
+      tensor ``[batch]`` of each row's length, under ``"<column>_lengths"``. A column named in ``ragged``
+      comes as a list of 1-D tensors instead, one per row, with no lengths entry.
+    - ``binary``: a list of ``bytes`` (images, audio: decode them in the loop); ``string``: a list of ``str``.
 
     ``drop_last=True``: each rank gets ``num_rows // world_size`` rows and yields only full batches (the last
     partial batch, if any, is dropped). ``drop_last=False``: each rank gets ``ceil(num_rows / world_size)``
     rows, the last ranks padding with up to ``world_size - 1`` rows repeated from the start of the epoch, so
     every row is seen at least once; the last batch may be smaller, and is the same size on every rank.
 
-    With ``device`` a CUDA device, batches are pinned in the background thread and copied asynchronously.
+    Epochs: ``loader.set_epoch(e)`` (or ``loader.sampler.set_epoch(e)``, which Lightning calls at each epoch's
+    start) picks the epoch the next iteration yields. ``loader.state_dict()`` is the place in the epoch (the
+    batches already yielded); ``loader.load_state_dict(state)`` makes the next iteration yield the rest of
+    that epoch, batch for batch as an uninterrupted one, for a checkpoint taken mid-epoch.
+
+    ``transform`` (batch -> dict of tensors) runs on each batch in ``workers`` processes (0: this thread), order
+    kept; ``collate`` makes its result a batch where a dict does not fit (:mod:`.transformed_loader`).
+
+    With ``device`` a CUDA device, tensors are pinned in the background thread and copied asynchronously.
 
     Raises:
-        ValueError: ``rank``, ``world_size`` or ``batch_size`` out of range.
-        DatasetError: a column in ``columns`` or ``dtypes`` is not in the dataset, a dtype is not one, or
-            the rank's share is smaller than one batch with ``drop_last=True`` (it would yield nothing).
+        ValueError: ``rank``, ``world_size``, ``batch_size`` or ``workers`` out of range, ``pad_side`` neither
+            ``"right"`` nor ``"left"``, or ``collate`` without ``transform``.
+        DatasetError: a column in ``columns``, ``dtypes``, ``pad``, ``ragged`` or ``shapes`` is not in the
+            dataset (or not loaded), a dtype is not one, an option names a column of a kind it does not apply
+            to (``dtypes`` a binary or string one, ``pad`` or ``ragged`` one that is not a sequence, ``shapes``
+            one that is not an array, vector or nested array), a shape of another size than the column's, a
+            padded column ``c`` loaded beside a column named ``c_lengths``, or the rank's share is smaller than
+            one batch with ``drop_last=True`` (it would yield nothing).
     """
     if not isinstance(handle, DatasetHandle):
         raise TypeError(f"make_loader needs a DatasetHandle from prepare_datasets, got {type(handle).__name__}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} and world_size={world_size}: need 0 <= rank < world_size")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}: need batch_size >= 1")
+    check_sizes(rank, world_size, batch_size)
     names = list(handle.column_names if columns is None else columns)
     if not names:
         raise DatasetError(f"dataset {handle.name!r}: columns= is empty; name at least one column")
     infos = [handle.column(c) for c in names]  # raises DatasetError naming a missing column
-    dtypes = dict(dtypes or {})
-    for c in dtypes:
-        if c not in names:
-            raise DatasetError(f"dataset {handle.name!r}: dtypes names column {c!r}, which is not loaded; "
-                               f"loaded columns: {', '.join(names)}")
-    resolved = {c.name: (torch_dtype(dtypes[c.name], c.name, handle.name) if c.name in dtypes
-                         else default_dtype(c.dtype)) for c in infos}
+    options = resolve(handle, infos, dtypes, pad, pad_side, ragged, shapes)
+    check_transform(transform, workers, collate)
     loader = ShardLoader(handle, rank=rank, world_size=world_size, batch_size=batch_size, epoch=epoch,
-                         shuffle=shuffle, seed=seed, columns=names, drop_last=drop_last, device=device,
-                         dtypes=resolved)
+                         shuffle=shuffle, seed=seed, columns=names, drop_last=drop_last,
+                         device=None if transform is not None else device, options=options)
     if len(loader) == 0:
         raise DatasetError(
             f"dataset {handle.name!r} has {handle.num_rows} rows: {loader.rows_per_rank} per rank over "
             f"{world_size} ranks, fewer than batch_size={batch_size}, so drop_last=True would yield no batch; "
             "lower batch_size or pass drop_last=False")
-    return loader
+    return loader if transform is None else TransformedLoader(loader, transform, workers=workers, collate=collate,
+                                                              device=device)

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional
 from ..spark import jvm, session
 from .checks import _observed, _value_exprs
 from .handle import delete_dir, open_parquet
-from .schema import VECTOR, by_position, position, sql
+from .schema import BINARY, NESTED, STRING, VECTOR, by_position, leaf_type, nesting, position, sql
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")
@@ -30,6 +30,12 @@ _CONVERTER_MODULE = "petastorm.spark.spark_dataset_converter"
 # whole row groups, a few ahead of the one it shuffles from: loader._DECODE_AHEAD), gives the epoch order finer
 # pieces to permute, and wastes less where two ranks share a row group. Petastorm's own readers read either.
 ROW_GROUP_BYTES = 8 << 20
+# Parquet's writer first compares a row group's size with ROW_GROUP_BYTES after this many rows (its default: 100),
+# then about halfway to the size it expects. Rows of images or long texts can make a row group of 100 rows many
+# times ROW_GROUP_BYTES, and a rank decodes whole row groups, a few ahead: so for the kinds whose rows can be
+# large, the first comparison comes after the first row. Number columns keep the writer's default.
+_LARGE_ROW_KINDS = (BINARY, STRING, NESTED)
+_FIRST_SIZE_CHECK_ROWS = 1
 
 
 def _with_arrays(df, kinds: Dict[str, str]):
@@ -54,8 +60,9 @@ def _as_float32(df):
     def narrowed_type(field):  # the type to cast to, or None where the field stays as it is
         if isinstance(field.dataType, T.DoubleType):
             return "FLOAT"
-        if isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.DoubleType):
-            return "ARRAY<FLOAT>"
+        depth = nesting(field.dataType)
+        if depth and isinstance(leaf_type(field.dataType), T.DoubleType):  # arrays of doubles, nested or not
+            return "ARRAY<" * depth + "FLOAT" + ">" * depth
         return None
     casts = [narrowed_type(f) for f in df.schema.fields]
     if not any(casts):
@@ -173,10 +180,13 @@ def _materialise(spark, df, kinds: Dict[str, str], parent_url: str, ranges: Iter
     # row groups slower to write than a plain write (see BENCHMARKS.md, Scaling with data; bench/bench_scaling.py).
     # Started after this thread's own imports for the write (pyspark.ml.functions, Observation): the two threads
     # never import the same module at once.
+    writer = observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
+        .option("parquet.enable.dictionary", "false")
+    if any(kind in _LARGE_ROW_KINDS for kind in kinds.values()):
+        writer = writer.option("parquet.page.size.row.check.min", _FIRST_SIZE_CHECK_ROWS)
     try:
         with _importing_meanwhile(_CONVERTER_MODULE):
-            observed.write.option("compression", "uncompressed").option("parquet.block.size", ROW_GROUP_BYTES) \
-                .option("parquet.enable.dictionary", "false").parquet(url)
+            writer.parquet(url)
         psc = _import_top_down(_CONVERTER_MODULE)
         files = _cache_files(spark, url)
         stats = _observed(observation)

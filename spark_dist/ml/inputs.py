@@ -132,7 +132,8 @@ def prepare(spark, datasets: dict, num_processes: int, features: Features, label
     from ..data import DatasetError, prepare_datasets
 
     try:
-        return prepare_datasets(spark, datasets, num_processes, value_ranges=(label,))
+        return prepare_datasets(spark, datasets, num_processes, value_ranges=(label,),
+                                fixed_length=features.columns)  # the model's input has one width
     except DatasetError as exc:
         if exc.dataset is None:  # the cache's conf (no scheme, not shared across hosts): its key is named
             raise ConfigError(str(exc)) from None

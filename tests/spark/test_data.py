@@ -175,17 +175,24 @@ def test_loader_times_the_wait_and_stops_its_thread_on_break(mixed):
 
 
 # -- bad inputs: each error names the dataset and the column -----------------------------------------------
-@pytest.mark.parametrize("make, column, type_name", [
-    (lambda s: s.range(5).select("id", F.lit("a").alias("name")), "name", "string"),
-    (lambda s: s.range(5).select("id", F.struct("id").alias("st")), "st", "struct<id:bigint>"),
-    (lambda s: s.range(5).select("id", F.col("id").cast("decimal(10,2)").alias("price")), "price", "decimal"),
-    (lambda s: s.range(5).select(F.array(F.array("id")).alias("nested")), "nested", "array<array<bigint>>"),
+@pytest.mark.parametrize("make, column, type_name, hint", [
+    (lambda s: s.range(5).select("id", F.struct("id").alias("st")), "st", "struct<id:bigint>",
+     "select its fields as columns of their own (df.select('*', 'st.*').drop('st')), or turn it into one string "
+     "(F.to_json('st'))"),
+    (lambda s: s.range(5).select("id", F.create_map(F.lit("k"), "id").alias("m")), "m", "map<string,bigint>",
+     "select the values you need as columns (F.col('m')['key']), or turn it into one string (F.to_json('m'))"),
+    (lambda s: s.range(5).select("id", F.col("id").cast("decimal(10,2)").alias("price")), "price", "decimal",
+     "cast it to double"),
+    (lambda s: s.range(5).select(F.array(F.lit("a")).alias("words")), "words", "array<string>",
+     "turn it into one string (F.to_json('words') or F.concat_ws)"),
+    (lambda s: s.range(5).select(F.current_date().alias("day")), "day", "date", "cast it to a number"),
 ])
-def test_unsupported_types_are_refused_before_any_job(spark_local, make, column, type_name):
+def test_unsupported_types_are_refused_before_any_job(spark_local, make, column, type_name, hint):
     jobs_before = spark_local.sparkContext.statusTracker().getJobIdsForGroup()
     with pytest.raises(DatasetError) as err:
         prepare_datasets(spark_local, {"ok": spark_local.range(5), "bad": make(spark_local)}, num_ranks=1)
     assert f"dataset 'bad': column '{column}' has type {type_name}" in str(err.value)
+    assert hint in str(err.value) and (err.value.dataset, err.value.column) == ("bad", column)
     assert spark_local.sparkContext.statusTracker().getJobIdsForGroup() == jobs_before
 
 
@@ -193,11 +200,26 @@ def test_unsupported_types_are_refused_before_any_job(spark_local, make, column,
     (lambda s: s.range(10).where("id < 0"), "dataset 'bad': the DataFrame is empty"),
     (lambda s: s.range(10).select("id", F.when(F.col("id") != 3, F.col("id") * 1.0).alias("x")),
      "dataset 'bad': column 'x' has 1 null values"),
-    (lambda s: s.range(10).select(F.when(F.col("id") > 7, F.array("id")).otherwise(F.array("id", "id")).alias("a")),
-     "dataset 'bad': column 'a' holds arrays of unequal length (from 1 to 2)"),
+    (lambda s: s.range(10).select(F.when(F.col("id") > 7, F.array(F.array("id"))).otherwise(
+        F.array(F.array("id", "id"))).alias("a")),
+     "dataset 'bad': column 'a' holds nested arrays of unequal shape (at depth 2, lengths from 1 to 2)"),
     (lambda s: s.range(10).select(F.array("id", F.when(F.col("id") != 2, F.col("id"))).alias("a")),
      "dataset 'bad': column 'a' has 1 arrays holding null elements"),
     (lambda s: s.range(2), "dataset 'bad' has 2 rows, fewer than the 3 ranks"),
+    # Nulls in the kinds that are no numbers, named with the way to fill them.
+    (lambda s: s.range(10).select(F.expr("CASE WHEN id != 3 THEN unhex('abcd') END").alias("img")),
+     "dataset 'bad': column 'img' has 1 null values; drop or fill them first, e.g. df.na.drop(subset=['img']) or fill "
+     "them (F.coalesce(F.col('img'), F.lit(bytearray())))"),
+    (lambda s: s.range(10).select(F.when(F.col("id") % 5 != 0, F.lit("a")).alias("s")),
+     "dataset 'bad': column 's' has 2 null values; drop or fill them first, e.g. df.na.drop(subset=['s']) or fill them "
+     "(df.na.fill('', subset=['s']))"),
+    (lambda s: s.range(10).select(F.when(F.col("id") != 4, F.sequence(F.lit(0), "id")).alias("tokens")),
+     "dataset 'bad': column 'tokens' has 1 null values; drop or fill them first, e.g. df.na.drop(subset=['tokens']) "
+     "or fill them (F.coalesce(F.col('tokens'), F.array()))"),
+    (lambda s: s.range(10).select(F.array(F.array("id"), F.when(F.col("id") != 2, F.array("id"))).alias("g")),
+     "dataset 'bad': column 'g' has 1 rows holding null arrays at depth 2"),
+    (lambda s: s.range(10).select(F.array(F.array("id", F.when(F.col("id") > 1, F.col("id")))).alias("g")),
+     "dataset 'bad': column 'g' has 2 rows holding null numbers"),
 ])
 def test_bad_values_are_named_and_leave_no_cache(spark_local, make, message):
     with pytest.raises(DatasetError) as err:
@@ -206,6 +228,133 @@ def test_bad_values_are_named_and_leave_no_cache(spark_local, make, message):
     from spark_dist.data import registry
 
     assert all(e.handle.name != "bad" for e in registry._entries)
+
+
+def test_arrays_of_unequal_length_are_refused_where_one_length_is_needed(spark_local):
+    # A model's input (TorchEstimator's features) needs one length: fixed_length= names such columns.
+    df = spark_local.range(10).select(
+        F.when(F.col("id") > 7, F.array("id")).otherwise(F.array("id", "id")).alias("a"))
+    with pytest.raises(DatasetError) as err:
+        prepare_datasets(spark_local, {"bad": df}, num_ranks=3, fixed_length=["a"])
+    assert "dataset 'bad': column 'a' holds arrays of unequal length (from 1 to 2)" in str(err.value)
+    assert prepare_datasets(spark_local, {"ok": df}, num_ranks=3)["ok"].column("a").kind == "sequence"
+    with pytest.raises(DatasetError, match=r"column 'a' holds arrays of unequal length \(from 1 to 2\)"):
+        prepare_datasets(spark_local, {"bad": df}, num_ranks=3, fixed_length=["a"])  # the cache made above, refused
+
+
+# -- every column kind a DataFrame holds reaches the rank ------------------------------------------------------
+def png(i):
+    """A 4x2 PNG whose pixels say the row."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 2), (i % 256, (i * 3) % 256, 7)).save(buffer, format="PNG")
+    return bytearray(buffer.getvalue())
+
+
+def kinds_frame(spark):
+    from pyspark.sql import types as T
+
+    schema = T.StructType([
+        T.StructField("id", T.LongType(), False), T.StructField("image", T.BinaryType(), False),
+        T.StructField("caption", T.StringType(), False),
+        T.StructField("tokens", T.ArrayType(T.IntegerType(), False), False),
+        T.StructField("grid", T.ArrayType(T.ArrayType(T.DoubleType(), False), False), False),
+        T.StructField("pixels", T.ArrayType(T.FloatType(), False), False)])
+    rows = [(i, png(i), f"légende {i} 日本", list(range(i % 7)), [[float(i), -float(i), 0.5]] * 2, [float(i)] * 12)
+            for i in range(120)]
+    return spark.createDataFrame(rows, schema).repartition(3)
+
+
+def check_kinds_batch(batch, left_pad=None):
+    """Every column of ``batch`` holds the rows its ``id`` says."""
+    import io
+
+    from PIL import Image
+
+    ids = batch["id"].tolist()
+    assert [Image.open(io.BytesIO(b)).getpixel((3, 1)) for b in batch["image"]] == [(i % 256, i * 3 % 256, 7)
+                                                                                   for i in ids]
+    assert batch["caption"] == [f"légende {i} 日本" for i in ids]
+    assert batch["tokens_lengths"].tolist() == [i % 7 for i in ids]
+    longest = max(i % 7 for i in ids)
+    for row, i in zip(batch["tokens"].tolist(), ids):
+        pad = [0 if left_pad is None else left_pad] * (longest - i % 7)
+        assert row == (pad + list(range(i % 7)) if left_pad is not None else list(range(i % 7)) + pad)
+    assert batch["grid"].shape == (len(ids), 2, 3) and torch.equal(batch["grid"][:, 1, 1], -batch["id"].float())
+    assert torch.equal(batch["pixels"][:, 2, 1, 1], batch["id"].float())
+
+
+def test_every_column_kind_reaches_the_rank(spark_local):
+    df = same_frame(spark_local, "kinds", kinds_frame)
+    handle = prepare_datasets(spark_local, {"kinds": df}, num_ranks=2)["kinds"]
+    assert [(c.name, c.kind, c.dtype) for c in handle.columns] == [
+        ("id", "scalar", "int64"), ("image", "binary", "object"), ("caption", "string", "object"),
+        ("tokens", "sequence", "int32"), ("grid", "nested", "float32"), ("pixels", "array", "float32")]
+    assert handle.column("grid").shape == (2, 3) and handle.column("tokens").stats.length_range == (0, 6)
+    assert handle.column("image").row_bytes > 50  # from the footers: what a shuffle window counts per row
+    seen = []
+    for rank in range(2):
+        for batch in make_loader(handle, rank=rank, world_size=2, batch_size=16, pad={"tokens": -1},
+                                 pad_side="left", shapes={"pixels": (3, 2, 2)}):
+            check_kinds_batch(batch, left_pad=-1)
+            assert batch["tokens"].dtype == torch.int64 and batch["grid"].dtype == torch.float32
+            seen += batch["id"].tolist()
+    assert len(seen) == len(set(seen)) == 96  # 60 rows a rank: 3 batches of 16
+
+
+def read_every_kind(epochs):
+    """Every rank's ids of the kinds dataset through get_context().loader, per epoch, each batch checked."""
+    import torch.distributed as dist
+
+    from spark_dist import get_context
+
+    dist.init_process_group("gloo")
+    ctx = get_context()
+    out = []
+    for epoch in range(epochs):
+        loader = ctx.loader("kinds", batch_size=16, epoch=epoch, shapes={"pixels": (3, 2, 2)})
+        ids = []
+        for batch in loader:
+            check_kinds_batch(batch)
+            ids += batch["id"].tolist()
+        ragged = next(iter(ctx.loader("kinds", batch_size=4, columns=["id", "tokens"], ragged=["tokens"])))
+        assert [t.tolist() for t in ragged["tokens"]] == [list(range(i % 7)) for i in ragged["id"].tolist()]
+        out.append(ids)
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, out)
+    dist.destroy_process_group()
+    return everyone
+
+
+def test_every_column_kind_reaches_a_run(spark_local):
+    from spark_dist import Distributor
+
+    df = same_frame(spark_local, "kinds", kinds_frame)
+    per_rank = Distributor(num_processes=2, verbose=False).run(read_every_kind, 2, datasets={"kinds": df})
+    for epoch in range(2):
+        ids = per_rank[0][epoch] + per_rank[1][epoch]
+        assert len(ids) == len(set(ids)) == 96
+    assert per_rank[0][0] != per_rank[0][1]
+
+
+def test_rows_of_large_values_keep_row_groups_small(spark_local):
+    # 300 KB a row: Parquet's writer would first look at a row group's size after 100 rows (30 MB).
+    from spark_dist.data.write import ROW_GROUP_BYTES
+
+    df = spark_local.range(0, 80, numPartitions=1).select("id", F.expr("encode(repeat('a', 300000), 'utf-8')")
+                                                          .alias("blob"))
+    handle = prepare_datasets(spark_local, {"blobs": df}, num_ranks=1)["blobs"]
+    [url] = handle.file_urls
+    metadata = pq.ParquetFile(local_path(url)).metadata
+    assert metadata.num_row_groups >= 3
+    assert all(metadata.row_group(g).total_byte_size <= ROW_GROUP_BYTES * 1.25 for g in range(metadata.num_row_groups))
+    assert 300_000 <= handle.column("blob").row_bytes <= 300_100
+    loader = make_loader(handle, rank=0, world_size=1, batch_size=8)
+    assert loader._window_rows < 80  # the window counts the bytes: a few dozen rows of 300 KB, not thousands
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(80))
 
 
 # -- the cache: one materialisation per DataFrame, and it goes away --------------------------------------------
@@ -273,14 +422,16 @@ def test_least_recently_used_caches_are_evicted_beyond_the_bound(spark_local, mo
     assert not os.path.exists(local_path(second.cache_dir_url))
 
 
-def _rank_ids(args):
-    """One rank's ids, read in a Spark task: another process, as a rank of a run would be."""
-    handle, rank = args
-    return sorted(i for b in make_loader(handle, rank=rank, world_size=2, batch_size=10) for i in b["id"].tolist())
-
-
 def test_executors_on_this_host_write_and_read_a_file_cache(spark_local_cluster):
     # local-cluster: separate executor JVMs and Python workers on the driver's host; a file:// cache works.
+    def _rank_ids(args):
+        """One rank's ids, read in a Spark task: another process, as a rank of a run would be. (Defined here:
+        cloudpickle sends a nested function by value, where the executors could not import this test module.)"""
+        from spark_dist.data import make_loader
+
+        handle, rank = args
+        return sorted(i for b in make_loader(handle, rank=rank, world_size=2, batch_size=10) for i in b["id"].tolist())
+
     spark = spark_local_cluster
     handle = prepare_datasets(spark, {"d": spark.range(0, 1000, numPartitions=3)}, num_ranks=2)["d"]
 

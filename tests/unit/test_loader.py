@@ -159,3 +159,172 @@ def test_a_ranks_first_epoch_imports_neither_pandas_nor_pyarrow_compute(tmp_path
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["[]"]
+
+
+# -- epochs under Lightning, and a resume mid-epoch ---------------------------------------------------------------
+@pytest.fixture
+def small_dataset(tmp_path, monkeypatch):
+    """1,000 rows in row groups of 90, blocks of 8 rows, shuffle windows of 40, 80 then ~160 rows (rows carried over
+    from one window to the next at batch size 24)."""
+    from spark_dist.data import epoch_order, loader as loader_module
+
+    monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
+    monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 160 * (8 + 8))
+    path = tmp_path / "part-0.parquet"
+    ids = np.arange(1000)
+    pq.write_table(pa.table({"id": ids, "text": pa.array([f"t{i}" for i in ids])}), path, row_group_size=90)
+    return describe_files("small", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar", "text": "string"}, {})
+
+
+def test_lightning_sets_each_epochs_order_through_the_loaders_sampler(small_dataset):
+    lightning = pytest.importorskip("lightning.pytorch")
+
+    class Recorder(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen = {}
+
+        def training_step(self, batch, index):
+            assert batch["text"] == [f"t{i}" for i in batch["id"].tolist()]
+            self.seen.setdefault(self.current_epoch, []).extend(batch["id"].tolist())
+            return self.layer(batch["id"].float()[:, None]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    loader = make_loader(small_dataset, rank=1, world_size=2, batch_size=24, seed=5)
+    model = Recorder()
+    trainer = lightning.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, loader)
+    expected = {e: ids_of(make_loader(small_dataset, rank=1, world_size=2, batch_size=24, seed=5, epoch=e))
+                for e in range(3)}
+    assert model.seen == expected
+    assert expected[0] != expected[1] != expected[2] != expected[0]
+
+
+def test_lightning_checkpoints_keep_the_loaders_place_and_resume_there(small_dataset, tmp_path):
+    # The loader has state_dict / load_state_dict: Lightning saves its state in a checkpoint taken mid-epoch and
+    # restores it, so a resumed fit sees the rest of that epoch, then the next, batch for batch.
+    lightning = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Recorder(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen = []
+
+        def training_step(self, batch, index):
+            self.seen.append((self.current_epoch, batch["id"].tolist()))
+            return self.layer(batch["id"].float()[:, None]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def fit(callbacks=(), **kwargs):
+        model = Recorder()
+        trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, callbacks=list(callbacks),
+                                    enable_checkpointing=bool(callbacks), enable_progress_bar=False,
+                                    enable_model_summary=False)
+        trainer.fit(model, make_loader(small_dataset, rank=0, world_size=1, batch_size=24, seed=3), **kwargs)
+        return model.seen
+
+    whole = fit([ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=7, save_top_k=-1, filename="{step}")])
+    assert len(whole) == 2 * 41
+    saved = torch.load(tmp_path / "ckpt" / "step=7.ckpt", weights_only=False)["loops"]["fit_loop"]["state_dict"]
+    assert saved["combined_loader"][0]["batches"] == 7
+    assert fit(ckpt_path=str(tmp_path / "ckpt" / "step=7.ckpt")) == whole[7:]
+
+
+def batches_equal(got, expected):
+    return len(got) == len(expected) and all(
+        g.keys() == e.keys() and all(torch.equal(g[c], e[c]) if isinstance(e[c], torch.Tensor) else g[c] == e[c]
+                                     for c in e) for g, e in zip(got, expected))
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_state_taken_mid_epoch_resumes_at_the_exact_next_batch(small_dataset, monkeypatch, drop_last):
+    from spark_dist.data import loader as loader_module
+
+    def loader(**kwargs):
+        return make_loader(small_dataset, rank=0, world_size=2, batch_size=24, seed=2, drop_last=drop_last, **kwargs)
+
+    epoch2, epoch3 = list(loader(epoch=2)), list(loader(epoch=3))
+    assert len(epoch2) == (20 if drop_last else 21)
+    decoded = []
+    real_decode = loader_module.ShardLoader._decode
+    monkeypatch.setattr(loader_module.ShardLoader, "_decode",
+                        lambda self, group: decoded.append(group) or real_decode(self, group))
+    for k in (0, 1, 5, 9, 13, len(epoch2) - 1, len(epoch2)):
+        interrupted = loader(epoch=0)
+        interrupted.set_epoch(2)
+        batches = iter(interrupted)
+        got = [next(batches) for _ in range(k)]
+        state = interrupted.state_dict()
+        batches.close()  # the training loop stops here: the rank is killed
+        assert (state["epoch"], state["batches"], state["seed"]) == (2, k, 2)
+        assert batches_equal(got, epoch2[:k])
+
+        resumed = loader()  # a fresh loader (a restarted rank), at epoch 0 until the state says otherwise
+        resumed.load_state_dict(state)
+        assert resumed.state_dict() == state
+        decoded.clear()
+        assert batches_equal(list(resumed), epoch2[k:])
+        if k == len(epoch2):
+            assert decoded == []  # nothing left to yield: nothing read
+        resumed.set_epoch(3)
+        assert batches_equal(list(resumed), epoch3)  # the next epoch as usual, whole
+
+
+def test_a_restored_position_outlives_setting_its_own_epoch_only(small_dataset):
+    def loader(**kwargs):
+        return make_loader(small_dataset, rank=1, world_size=2, batch_size=24, seed=2, **kwargs)
+
+    state = {**loader(epoch=4).state_dict(), "batches": 7}
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(4)  # what Lightning does after restoring a checkpoint: the position stays
+    assert len(list(resumed)) == len(resumed) - 7
+    assert len(list(resumed)) == len(resumed)  # iterating again replays the whole epoch
+    resumed.load_state_dict(state)
+    resumed.set_epoch(5)  # another epoch: the position is dropped
+    assert batches_equal(list(resumed), list(loader(epoch=5)))
+
+
+def test_a_state_of_other_sharding_is_refused(small_dataset):
+    from spark_dist.data import DatasetError
+
+    state = make_loader(small_dataset, rank=0, world_size=2, batch_size=24).state_dict()
+    with pytest.raises(DatasetError, match=r"world_size=2 \(this loader: 4\), batch_size=24 \(this loader: 16\)"):
+        make_loader(small_dataset, rank=0, world_size=4, batch_size=16).load_state_dict(state)
+    with pytest.raises(DatasetError, match="needs what state_dict"):
+        make_loader(small_dataset, rank=0, world_size=2, batch_size=24).load_state_dict({"epoch": 1})
+    other_rank = make_loader(small_dataset, rank=1, world_size=2, batch_size=24)
+    other_rank.load_state_dict({**state, "epoch": 3, "batches": 2, "seed": 8})  # rank 0's state serves every rank
+    assert (other_rank.epoch, other_rank.seed, len(list(other_rank))) == (3, 8, len(other_rank) - 2)
+
+
+def test_windows_to_read_are_those_the_batches_from_the_resume_point_need():
+    from spark_dist.data.loader_state import windows_to_read
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows = rng.integers(1, 60, size=rng.integers(1, 8)).tolist()
+        bs, drop_last = int(rng.integers(1, 20)), bool(rng.integers(2))
+        total = sum(rows) // bs if drop_last else -(-sum(rows) // bs)
+        if total:  # from the start: every window, as before resuming existed
+            assert windows_to_read(rows, bs, drop_last, 0) == [(i, 0) for i in range(len(rows))]
+        for skip in range(total + 1):
+            todo = windows_to_read(rows, bs, drop_last, skip)
+            assert [i for i, _ in todo] == list(range(todo[0][0] if todo else len(rows), len(rows)))
+            # Replaying the batching over the windows read only gives the batches from `skip` on.
+            carried, got, previous, last = 0, 0, -1, len(rows) - 1
+            for index, skipped in todo:
+                carried = carried if index == previous + 1 else 0
+                n = carried + rows[index]
+                cut = n if index == last and not drop_last else n // bs * bs
+                got += -(-cut // bs) - skipped
+                carried, previous = n - cut, index
+            assert got == total - skip

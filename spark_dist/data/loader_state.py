@@ -1,0 +1,131 @@
+"""A loader's place in its epochs, for checkpoints and for training frameworks.
+
+- :func:`state_of` / :func:`checked_state`: what ``ShardLoader.state_dict`` saves (the epoch, the batches already
+  yielded in it, and what the epoch order depends on) and what ``load_state_dict`` accepts back.
+- :func:`windows_to_read`: which shuffle windows an iteration resuming at batch ``k`` must still gather. Every
+  batch after the resume point is the batch an uninterrupted epoch gives: the windows, the rows they carry
+  over and their shuffles are the same; only the windows before ``k`` whose rows no window read takes over are
+  not read at all.
+- :class:`EpochSampler`: the ``loader.sampler`` that Lightning's fit loop calls ``set_epoch`` on at each epoch's
+  start (``lightning.fabric.utilities.data._set_sampler_epoch`` looks for ``sampler`` and
+  ``batch_sampler.sampler``, never at the loader itself).
+"""
+from typing import Dict, List, Optional, Tuple
+
+from .handle import DatasetError
+
+# What the epoch order and the batches depend on besides (seed, shuffle), which a state carries and restores:
+# a position (batches yielded) means the same rows only where these are the same.
+_SAME = ("num_rows", "world_size", "batch_size", "drop_last")
+
+
+def state_of(loader, epoch: int, batches: int) -> Dict:
+    """The state of ``loader`` (a ``ShardLoader``) at batch ``batches`` of ``epoch``."""
+    return {"dataset": loader.handle.name, "epoch": int(epoch), "batches": int(batches), "seed": loader.seed,
+            "shuffle": loader.shuffle, "num_rows": loader.handle.num_rows, "world_size": loader.world_size,
+            "batch_size": loader.batch_size, "drop_last": loader.drop_last}
+
+
+def checked_state(loader, state: Dict) -> Tuple[int, int, int, bool]:
+    """``(epoch, batches, seed, shuffle)`` of a state :func:`state_of` made, once it fits ``loader``. A state
+    saved by another rank fits: every rank is at the same batch of the same epoch.
+
+    Raises:
+        DatasetError: the state is not a loader's, or was saved by a loader with another number of rows, ranks,
+            batch size or ``drop_last`` (its position would name other rows), or is past the epoch's end.
+    """
+    where = f"dataset {loader.handle.name!r}"
+    if not isinstance(state, dict) or not {"epoch", "batches"} <= set(state):
+        raise DatasetError(f"{where}: load_state_dict needs what state_dict() returned, got {state!r}",
+                           loader.handle.name)
+    ours = state_of(loader, 0, 0)
+    differ = [f"{k}={state[k]!r} (this loader: {ours[k]!r})" for k in _SAME if k in state and state[k] != ours[k]]
+    if differ:
+        raise DatasetError(f"{where}: the loader state was saved with {', '.join(differ)}; a position resumes only "
+                           "the same rows, ranks, batch size and drop_last", loader.handle.name)
+    batches = int(state["batches"])
+    if not 0 <= batches <= len(loader):
+        raise DatasetError(f"{where}: the loader state is at batch {batches}, outside the epoch's {len(loader)}",
+                           loader.handle.name)
+    return int(state["epoch"]), batches, state.get("seed", loader.seed), state.get("shuffle", loader.shuffle)
+
+
+def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, skip: int) -> List[Tuple[int, int]]:
+    """``(window, batches of it not yielded)`` for each window an iteration gathers when it starts at batch
+    ``skip`` of the epoch; ``window_rows`` are the rows each window takes from the files, in order.
+
+    The batching is the loader's: a window's rows follow the rows the previous one carried over, it yields
+    every full batch of them (the last window also its partial batch, unless ``drop_last``) and carries the
+    rest over to the next. So the windows read are those from the one that yields batch ``skip`` on, and
+    before it each window whose rows the next one read takes over (its batches are gathered, not yielded).
+    """
+    counts, carried_in, carried, last = [], [], 0, len(window_rows) - 1
+    for index, rows in enumerate(window_rows):
+        n = carried + rows
+        cut = n if index == last and not drop_last else n // batch_size * batch_size
+        carried_in.append(carried)
+        counts.append(-(-cut // batch_size))
+        carried = n - cut
+    before = [sum(counts[:i]) for i in range(len(counts))]  # batches yielded before each window
+    first = next((i for i, c in enumerate(counts) if before[i] + c > skip), None)
+    if first is None:
+        return []
+    while first > 0 and carried_in[first]:
+        first -= 1
+    return [(i, min(counts[i], max(0, skip - before[i]))) for i in range(first, len(counts))]
+
+
+class EpochSampler:
+    """``loader.sampler``: forwards ``set_epoch`` to the loader, as a ``DistributedSampler`` takes it."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+
+class Resumable:
+    """A ``ShardLoader``'s epoch and place in it: ``set_epoch``, ``sampler``, ``state_dict``, ``load_state_dict``.
+
+    ``_resume_at``: ``(epoch, batch)`` where the next iteration of that epoch starts (restored, not yet begun);
+    ``_at``: ``(epoch, batches yielded)`` of the iteration under way or the latest one. Both are set by the
+    loader's ``__iter__``.
+    """
+
+    batch_sampler = None  # Lightning reads it beside ``sampler`` (a DataLoader has both)
+    _resume_at: Optional[Tuple[int, int]] = None
+    _at: Tuple[int, int] = (0, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` from now on. A position :meth:`load_state_dict` restored in another epoch is
+        dropped; in this one it stays (Lightning sets the epoch after restoring a checkpoint)."""
+        if self._resume_at is not None and self._resume_at[0] != epoch:
+            self._resume_at = None
+        self.epoch = epoch
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """What Lightning calls ``set_epoch`` on at each epoch's start (it never calls the loader's own)."""
+        return EpochSampler(self)
+
+    def state_dict(self) -> Dict:
+        """The loader's place: the epoch and the batches already yielded in it (by the iteration under way or the
+        latest one), with the seed, ``shuffle`` and what the batches depend on; plain values, for a checkpoint.
+        Every rank is at the same place, so one rank's state serves all."""
+        if self._resume_at is not None:
+            return state_of(self, *self._resume_at)
+        return state_of(self, *(self._at if self._at[0] == self.epoch else (self.epoch, 0)))
+
+    def load_state_dict(self, state: Dict) -> None:
+        """Resume at ``state`` (from :meth:`state_dict`): the next iteration yields the batches of its epoch after
+        the ones already yielded, exactly those an uninterrupted epoch gives (``len(loader) - state["batches"]``
+        of them), and the next epoch is whole again.
+
+        Raises:
+            DatasetError: ``state`` is not a loader's state, or it was saved with another number of rows, ranks,
+                batch size or ``drop_last``.
+        """
+        epoch, batches, self.seed, self.shuffle = checked_state(self, state)
+        self.epoch, self._resume_at = epoch, (epoch, batches)
+
