@@ -3,13 +3,16 @@
 :func:`prepare_datasets` runs the steps, in the order data flows: the schema (:mod:`.schema`, no Spark job),
 where the cache goes and whether executors reach it (:mod:`.location`), the cache already made of the same
 data (:mod:`.registry`), else the write (:mod:`.write`) with the value checks measured on the way
-(:mod:`.checks`). The public names of those modules are importable from here too.
+(:mod:`.checks`). The public names of those modules are importable from here too. What Petastorm users already
+have (their converter, a Petastorm dataset's URL) is described the same way, but read as it is
+(:mod:`.petastorm_inputs`).
 """
 import os
 from dataclasses import replace
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..spark import session
+from . import petastorm_inputs
 from .checks import _aggregate_cache, _enough_rows, _judge, unequal_lengths
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
 from .location import CACHE_DIR_CONF, _check_reachable, _parent_url, remote_hosts
@@ -44,14 +47,23 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_rang
     executors run on the driver's machine (``local[N]``, ``local-cluster``, a one-machine standalone
     cluster); with executors on other hosts it is refused, because they could not see each other's files.
 
+    What Petastorm users already have is taken as it is, nothing written (:mod:`.petastorm_inputs`): a
+    ``petastorm.spark.SparkDatasetConverter`` (its cache files, never deleted here: they are the user's), and a
+    Petastorm dataset's URL (a ``str``, written by ``materialize_dataset`` with a Unischema), whose codec columns
+    (images, ndarrays) the ranks decode. Each is described with one aggregation job (the value checks), and once
+    per application, as a DataFrame's cache is.
+
     Raises:
         DatasetError: a handle whose cache was deleted, a column of an unsupported type (struct, map, decimal,
             date, arrays of strings, ...; the message says what to do instead), an empty DataFrame, fewer rows
             than ``num_ranks``, nulls in a column (or null elements in an array), vectors (or arrays named in
             ``fixed_length``) of unequal length, nested arrays of unequal shape, arrays that are empty in every
             row, a cache dir URL without a scheme, or a ``file://`` cache while executors run on other hosts.
-            Each message names the dataset and the column or conf key, and says how to fill or drop nulls.
-        TypeError: ``datasets`` is not a dict of name -> DataFrame (or DatasetHandle).
+            Each message names the dataset and the column or conf key, and says how to fill or drop nulls. For a
+            Petastorm input, before any job: a converter whose cache was deleted, a URL with no Petastorm
+            metadata, a codec spark_dist does not know, a partitioned dataset (see :func:`.petastorm_inputs.source`).
+        TypeError: ``datasets`` is not a dict of name -> DataFrame (or DatasetHandle, Petastorm converter or
+            Petastorm dataset URL).
         ValueError: ``num_ranks`` < 1.
     """
     from pyspark.sql import DataFrame
@@ -60,16 +72,23 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_rang
         raise TypeError(f"datasets= must be a dict of name -> DataFrame, got {type(datasets).__name__}")
     if num_ranks < 1:
         raise ValueError(f"num_ranks={num_ranks}: need at least 1")
-    kinds = {}
+    kinds, sources = {}, {}
     for name, df in datasets.items():
         if isinstance(df, DatasetHandle):
             continue
+        if petastorm_inputs.accepts(df):
+            sources[name] = petastorm_inputs.source(spark, name, df)  # checked before any job: nothing is written
+            kinds[name] = sources[name].kinds
+            continue
         if not isinstance(df, DataFrame):
-            raise TypeError(f"datasets[{name!r}] must be a pyspark.sql.DataFrame, got {type(df).__name__}")
+            raise TypeError(f"datasets[{name!r}] must be a pyspark.sql.DataFrame (or a DatasetHandle, a Petastorm "
+                            f"SparkDatasetConverter or a Petastorm dataset's URL), got {type(df).__name__}")
         kinds[name] = column_kinds(name, df)
     with preparing() as held:  # before the parent dir is chosen: clear_cache must not remove it meanwhile
-        parent_url = _parent_url(spark)
-        _check_reachable(spark, parent_url)
+        writes = any(name not in sources for name in kinds)  # a DataFrame: its cache may be written
+        parent_url = _parent_url(spark) if writes else ""
+        if writes:
+            _check_reachable(spark, parent_url)
         _register_cleanup(spark)
         app_id = _app_id(spark)
         handles = {}
@@ -79,7 +98,7 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_rang
                 handles[name] = pass_through(name, df, num_ranks)
             else:
                 handles[name] = _prepare_one(spark, name, df, kinds[name], num_ranks, parent_url, app_id,
-                                             tuple(value_ranges), held, tuple(fixed_length))
+                                             tuple(value_ranges), held, tuple(fixed_length), sources.get(name))
         _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
     return handles
 
@@ -101,8 +120,12 @@ def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHan
 
 
 def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, parent_url: str, app_id: str,
-                 ranges: Tuple[str, ...], held: List[str], fixed_length: Tuple[str, ...] = ()) -> DatasetHandle:
-    """``df``'s cache, found or written, and held (in use) until the ``prepare_datasets`` call returns."""
+                 ranges: Tuple[str, ...], held: List[str], fixed_length: Tuple[str, ...] = (),
+                 source: Optional[petastorm_inputs.Source] = None) -> DatasetHandle:
+    """``df``'s cache, found or written, and held (in use) until the ``prepare_datasets`` call returns; for a
+    Petastorm ``source``, its files described (once per application, as a cache is found again), never written."""
+    if source is not None:  # its own slot in the registry: a DataFrame's lookup never finds it, nor the reverse
+        df, parent_url = source.df, source.key
     inputs = _input_files(spark, df)
     hit, mine = _find_or_claim(app_id, parent_url, df, inputs, held)
     if hit is not None:
@@ -114,19 +137,29 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
         missing = [c for c in ranges if c in kinds and kinds[c] == SCALAR
                    and hit.handle.column(c).stats.minimum is None and not hit.handle.column(c).stats.nans]
         if missing:  # written by a caller that did not ask for these ranges: one aggregation over the cache
-            stats = _aggregate_cache(spark, hit.handle.cache_dir_url, df.schema, kinds, ranges)
+            stats = (source.measure(kinds, ranges) if source is not None
+                     else _aggregate_cache(spark, hit.handle.cache_dir_url, df.schema, kinds, ranges))
             _, described = _judge(name, stats, hit.handle.num_rows, kinds, num_ranks)
             hit.handle = replace(hit.handle, columns=tuple(
                 replace(c, stats=described.get(c.name, c.stats)) for c in hit.handle.columns))
         return replace(hit.handle, name=name)
     try:
-        converter, owned, stats = _materialise(spark, df, kinds, parent_url, ranges)
+        if source is None:
+            converter, owned, stats = _materialise(spark, df, kinds, parent_url, ranges)
+        else:  # the user's files: read as they are, never deleted (owned=False)
+            converter, owned, stats = source.converter, False, source.measure(kinds, ranges)
         entry = _Entry(app_id, parent_url, df, inputs, converter, None, owned)  # type: ignore[arg-type]
         try:
             if stats is None:
                 stats = _aggregate_cache(spark, converter.cache_dir_url, df.schema, kinds, ranges)
-            settled, described = _judge(name, stats, len(converter), kinds, num_ranks, fixed_length)
-            entry.handle = _described(spark, name, converter.cache_dir_url, converter.file_urls, settled, described)
+            if source is None:
+                url, files, rows = converter.cache_dir_url, converter.file_urls, len(converter)
+            else:
+                url, files, rows = source.url, source.file_urls, int(stats["rows"])
+            settled, described = _judge(name, stats, rows, kinds, num_ranks, fixed_length)
+            entry.handle = _described(spark, name, url, files, settled, described)
+            if source is not None:
+                entry.handle = source.decorated(entry.handle)
         except BaseException:
             _delete(entry)
             raise

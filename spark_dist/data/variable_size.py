@@ -58,7 +58,8 @@ def batch_values(column: ColumnInfo, window, start: int, stop: int, options: Col
     """Rows ``[start, stop)`` of a variable-size column's window, as a batch holds them (``{name: value}``, and
     ``{name}_lengths`` for a padded sequence):
 
-    - binary: a list of ``bytes``; string: a list of ``str``;
+    - binary: a list of ``bytes`` (decoded where a Petastorm codec wrote it: :class:`.petastorm_codecs.CodecColumn`);
+      string: a list of ``str``;
     - sequence: a tensor ``[rows, longest]`` of ``options.dtypes[name]``, padded with ``options.pad[name]`` at
       the end of each row (at its start with ``options.left``), and the int64 tensor of the rows' lengths; a
       list of 1-D tensors instead where ``options.ragged`` names it.
@@ -66,6 +67,8 @@ def batch_values(column: ColumnInfo, window, start: int, stop: int, options: Col
     import torch
 
     part = window.slice(start, stop - start)
+    if hasattr(column, "decoded_batch"):  # a column a Petastorm codec wrote: decoded (.petastorm_codecs)
+        return column.decoded_batch(part, pin)
     if column.kind != SEQUENCE:
         return {column.name: part.to_pylist()}
     torch_dtype, pad, left = options.dtypes[column.name], options.pad.get(column.name, 0), options.left

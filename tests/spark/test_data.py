@@ -20,6 +20,7 @@ from spark_dist.data.loader import shard_pieces
 pyspark = pytest.importorskip("pyspark")
 from pyspark.ml.linalg import Vectors  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from spark_jobs import jobs_started  # noqa: E402
 
 
 _frames = {}
@@ -439,18 +440,7 @@ def test_executors_on_this_host_write_and_read_a_file_cache(spark_local_cluster)
     assert [len(s) for s in shards] == [500, 500] and set(shards[0]) | set(shards[1]) == set(range(1000))
 
 
-# -- one job per DataFrame: the write measures what the checks need ---------------------------------------------
-def jobs_started(spark):
-    """How many Spark jobs the application has started so far (every thread's), once Spark's listener bus,
-    which fills the status store asynchronously, has caught up."""
-    store = spark.sparkContext._jsc.sc().statusStore()
-    count, deadline = store.jobsList(None).size(), time.monotonic() + 5
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        again = store.jobsList(None).size()
-        if again == count:
-            return count
-        count = again
+# -- one job per DataFrame: the write measures what the checks need ---------------------------------------------        count = again
     return count
 
 
