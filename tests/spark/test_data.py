@@ -440,10 +440,7 @@ def test_executors_on_this_host_write_and_read_a_file_cache(spark_local_cluster)
     assert [len(s) for s in shards] == [500, 500] and set(shards[0]) | set(shards[1]) == set(range(1000))
 
 
-# -- one job per DataFrame: the write measures what the checks need ---------------------------------------------        count = again
-    return count
-
-
+# -- one job per DataFrame: the write measures what the checks need ---------------------------------------------
 def test_a_new_dataframe_costs_one_job_which_also_measures_it(spark_local):
     df = spark_local.range(0, 90, numPartitions=3).select(
         "id", (F.col("id") / 4).alias("quarter"), F.array("id", "id", "id").alias("a"),

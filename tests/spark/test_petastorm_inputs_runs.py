@@ -106,9 +106,6 @@ def write_petastorm_dataset(spark, path, extra_fields=()):
         spark.createDataFrame(rows, schema.as_spark_schema()).repartition(3).write.parquet(url)
     return url
 
-        count = again
-    return count
-
 
 def every_rank_reads(name, **options):
     """Each rank's rows of dataset ``name`` through get_context().loader, gathered: [{id: {column: value}}]."""
