@@ -4,10 +4,11 @@ output (an exception in a cell), and each must show its figures (``image/png`` o
 printed (``[rank N] ...``, relayed by spark_dist) and, where it reports, the driver's ``[spark_dist rank N]``
 lines. Afterwards no kernel, JVM or rank the notebook started may be left running.
 
-Each notebook runs on one Spark line: Spark ML (03) on the default line (4), the quickstart (01), data (02),
-Horovod (04) and the way over from TorchDistributor (05) on 3.5, whose suite is the shorter. All five on both
-lines would add ~4 minutes to each line, and both lines' suites share two cores within a 30-minute budget; the
-API a notebook uses is tested on its other line by the rest of the suite."""
+Each notebook runs on one Spark line: Spark ML (03), images (06) and text (07) on the default line (4), the
+quickstart (01), data (02), Horovod (04) and the way over from TorchDistributor (05) on 3.5, whose suite is the
+shorter. All seven on both lines would add ~5 minutes to each line, and both lines' suites share two cores
+within a 30-minute budget; the API a notebook uses is tested on its other line by the rest of the suite
+(06 and 07's by tests/spark/test_deep_learning_inputs.py)."""
 import json
 import os
 import re
@@ -59,6 +60,13 @@ EXPECTED = {
         figures=1, spark_lines=("3.5",),
         lines=(*RANK_LINES, r"^TrainingFailedError: rank 1 ", r"^\[spark_dist\] run .* after 1 retry",
                r"^same final weights: True")),
+    "06_images.ipynb": Expected(
+        figures=2, needs=("PIL",),
+        lines=(*RANK_LINES, r"^\[spark_dist rank 0\] epoch=3 loss=", r"^held-out accuracy: (0\.9|1\.0)")),
+    "07_text.ipynb": Expected(
+        figures=1, needs=("tokenizers", "transformers"),
+        lines=(*RANK_LINES, r"^\[spark_dist rank 0\] epoch=3 loss=.* accuracy=", r"^held-out accuracy: (0\.9|1\.0)",
+               r"^summer: the sea was very warm", r"^winter: some frost on the glove")),
 }
 NOTEBOOKS = sorted(f for f in os.listdir(NOTEBOOK_DIR) if f.endswith(".ipynb"))
 
