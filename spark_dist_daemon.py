@@ -2,11 +2,14 @@
 
     SparkSession.builder.config("spark.python.daemon.module", "spark_dist_daemon")
 
+Opt-in: set it in your own session's conf, at the session's start, where the executors' Python is this
+environment's (it must find this module); ``spark-dist run`` and the demo name it in the local sessions they
+create themselves. docs/speedups.md has what it saves.
+
 Spark starts each executor's Python daemon (which forks the Python workers) with ``$SPARK_HOME/python/lib/
 pyspark.zip`` and py4j's zip first on ``PYTHONPATH``. Python keeps no bytecode for modules it imports from a zip,
-so every daemon compiles PySpark from source before its first task: 1.2-1.7 s of a core on this project's
-machine on both Spark lines, against 0.36-0.47 s from the installed package (BENCHMARKS.md, Spark ML). In a
-fresh session that wait lies on the first Python job's path, a training run's included.
+so every daemon compiles PySpark from source before its first task; in a fresh session that wait lies on the
+first Python job's path, a training run's included.
 
 Where the zips are the installed package's own copies (a pip-installed PySpark: ``SPARK_HOME`` is the package's
 folder and the zips lie inside it; py4j's zip of the installed py4j's version), this daemon drops them from its

@@ -18,9 +18,9 @@ On a ``local[2]`` SparkSession (loopback only):
      ``--fits`` more on other splits (median), each writing its Petastorm cache (a VectorAssembler output
      is a new plan every time); then TorchEstimator alone fitted again on one assembled DataFrame, whose
      cache is reused. Goals (#17): first fit <= 6 s, later fits <= 3 s, held-out accuracy >= 0.93.
-  3. The same first fit in ``--first-fit-sessions`` more fresh processes whose driver JVM starts with the JVM
-     class archive (``spark-dist jvm-archive``; built first if missing, which the output says), taking turns
-     with the sessions of 2. so that a slow hour slows both alike.
+  3. The same first fit in ``--first-fit-sessions`` more fresh processes whose session opts in to
+     ``spark.python.daemon.module=spark_dist_daemon`` (docs/speedups.md), taking turns with the sessions of 2.
+     so that a slow hour slows both alike.
 
 These are seconds, not ratios, and this kind of machine is not always as fast: each run also times a fresh
 ``import torch`` (median of 3 processes), the fixed cost that dominates a first fit, so that runs on
@@ -139,6 +139,23 @@ def bench_transform(spark, rows, baseline_rows, repeat):
     return {"methods": results, "speedup": speedup, "agree_on_first_rows": agree}
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every live descendant (the JVM, Spark's Python daemon and
+    workers, the ranks' launchers), with what each has reaped of its exited children (the ranks): a figure
+    that a busy machine changes less than wall time."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            t = process.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 @contextlib.contextmanager
 def job_counter(spark):
     """Counts the Spark jobs that start inside the block, from every thread (the training run's barrier job
@@ -170,20 +187,23 @@ def bench_fit(spark, fits, reuse=True):
     # The first of these fits is the session's first (no Python worker has run yet).
     # The evaluation after each fit is timed too: the first one after the session's first fit is the session's
     # first pandas_udf (the model's transform), which a user waits for next.
-    times, jobs, accuracies, evaluations = [], [], [], []
+    times, jobs, accuracies, evaluations, cpu = [], [], [], [], []
     for i in range(fits + 1):
         train, test = df.randomSplit([0.8, 0.2], seed=100 + i)
         pipeline = Pipeline(stages=[assembler, estimator()])
+        cpu_before = tree_cpu_seconds()
         started = time.perf_counter()
         with job_counter(spark) as counted:
             fitted = pipeline.fit(train)
         times.append(time.perf_counter() - started)
+        cpu.append(tree_cpu_seconds() - cpu_before)
         jobs.append(counted())
         started = time.perf_counter()
         accuracies.append(evaluator.evaluate(fitted.transform(test)))
         evaluations.append(time.perf_counter() - started)
     if not fits or not reuse:
-        return {"first_fit_seconds": times[0], "first_fit_accuracy": accuracies[0], "pipeline_seconds": times[1:],
+        return {"first_fit_seconds": times[0], "first_fit_cpu_seconds": cpu[0],
+                "first_fit_accuracy": accuracies[0], "pipeline_seconds": times[1:],
                 "pipeline_median": statistics.median(times[1:]) if fits else None,
                 "first_evaluation_seconds": evaluations[0]}
     # TorchEstimator alone, fitted again on one DataFrame: its Petastorm cache is reused.
@@ -216,37 +236,20 @@ def workers_origins(spark) -> dict:
                    "workers_daemon": sys.modules["__main__"].__spec__.name}).collect()[0]
 
 
-def first_fits_in_fresh_sessions(sessions: int, master: str, with_archive: bool) -> dict:
+def first_fits_in_fresh_sessions(sessions: int, master: str) -> dict:
     """The session's first fit is the one a user waits for most, and the noisiest (JVM warm-up, Python
     workers starting, torch imported in them): measure it in ``sessions`` fresh processes, each its own JVM,
-    and (``with_archive``) in as many whose JVM starts with the class archive, the two kinds taking turns."""
+    and in as many that opt in to spark_dist_daemon, the two kinds taking turns."""
     import subprocess
 
-    seconds = {"plain": [], "archive": []}
+    seconds = {"plain": [], "daemon": []}
     for i in range(sessions):
-        for kind in (("plain", "archive") if i % 2 == 0 else ("archive", "plain")):  # neither always first
-            if kind == "archive" and not with_archive:
-                continue
+        for kind in (("plain", "daemon") if i % 2 == 0 else ("daemon", "plain")):  # neither always first
             out = subprocess.run([sys.executable, __file__, "--first-fit-only", "--master", master]
-                                 + (["--jvm-archive"] if kind == "archive" else []),
+                                 + (["--python-daemon"] if kind == "daemon" else []),
                                  check=True, capture_output=True, text=True).stdout
             seconds[kind].append(json.loads(out.strip().splitlines()[-1])["first_fit_seconds"])
     return seconds
-
-
-def ensure_jvm_archive() -> dict:
-    """This Java's and Spark's class archive, built now if missing (timed: a user's one-off cost); where it
-    cannot be, why (the first fits then run without it only)."""
-    from spark_dist.cli import jvm_archive
-    from spark_dist.errors import ConfigError
-
-    started, started_at = time.perf_counter(), time.time()
-    try:
-        path = jvm_archive.build_archive()
-    except (ConfigError, RuntimeError) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    built = os.path.getmtime(path) >= started_at  # else it was there already
-    return {"path_name": os.path.basename(path), "built_seconds": time.perf_counter() - started if built else None}
 
 
 def import_torch_seconds(processes: int = 3) -> float:
@@ -288,10 +291,8 @@ def main(argv=None) -> int:
                         help="fresh sessions (processes) that each time their first fit (median)")
     parser.add_argument("--first-fit-only", action="store_true",
                         help="time this session's first fit only and print it as JSON (used by the above)")
-    parser.add_argument("--jvm-archive", action="store_true",
-                        help="start this session's JVM with the class archive (used by the above)")
     parser.add_argument("--python-daemon", action="store_true",
-                        help="run this session's PySpark daemon as spark_dist_daemon (used by bench_history.py)")
+                        help="opt this session in to spark_dist_daemon as its PySpark daemon (used by the above)")
     parser.add_argument("--later-fits", type=int, default=0,
                         help="with --first-fit-only: time this many more Pipeline fits after it (median)")
     parser.add_argument("--code", help="with --first-fit-only: import spark_dist from this source tree, in the "
@@ -310,10 +311,6 @@ def main(argv=None) -> int:
     builder = (SparkSession.builder.master(args.master).appName("spark_dist bench_ml")
                .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2"))
-    if args.jvm_archive:
-        from spark_dist.cli import jvm_archive
-
-        builder = builder.config("spark.driver.extraJavaOptions", jvm_archive.driver_java_options())
     if args.python_daemon:
         builder = builder.config("spark.python.daemon.module", "spark_dist_daemon")
     spark = builder.getOrCreate()
@@ -326,6 +323,7 @@ def main(argv=None) -> int:
             import spark_dist
 
             print(json.dumps({"first_fit_seconds": fit["first_fit_seconds"],
+                              "first_fit_cpu_seconds": fit["first_fit_cpu_seconds"],
                               "first_fit_accuracy": fit["first_fit_accuracy"],
                               "first_evaluation_seconds": fit["first_evaluation_seconds"],
                               "later_fits_median": fit["pipeline_median"],
@@ -335,14 +333,13 @@ def main(argv=None) -> int:
         transform = bench_transform(spark, args.rows, args.baseline_rows, args.repeat)
     finally:
         spark.stop()
-    fit["jvm_archive"] = ensure_jvm_archive()
-    fresh = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master, "error" not in fit["jvm_archive"])
+    fresh = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master)
     fit["fresh_session_first_fits"] = fresh["plain"]
     # The median over every session's first fit: this one's and the fresh sessions'.
     fit["first_fit_median"] = statistics.median([fit["first_fit_seconds"], *fit["fresh_session_first_fits"]])
-    fit["archive_first_fits"] = fresh["archive"]
-    if fresh["archive"]:
-        fit["archive_first_fit_median"] = statistics.median(fresh["archive"])
+    fit["daemon_first_fits"] = fresh["daemon"]
+    if fresh["daemon"]:
+        fit["daemon_first_fit_median"] = statistics.median(fresh["daemon"])
     fit["import_torch_seconds"] = import_torch_seconds()
     horovod = horovod_estimator_status()
 
@@ -359,15 +356,10 @@ def main(argv=None) -> int:
     firsts = [fit["first_fit_seconds"], *fit["fresh_session_first_fits"]]
     print(f"| Pipeline, the session's first fit ({len(firsts)} fresh sessions) | {fit['first_fit_median']:.2f} | "
           f"{', '.join(f'{s:.2f}' for s in firsts)} |")
-    if fit["archive_first_fits"]:
-        built = fit["jvm_archive"]["built_seconds"]
-        print(f"| Pipeline, the session's first fit, JVM class archive ({len(fit['archive_first_fits'])} fresh "
-              f"sessions; archive {'built in %.0f s' % built if built is not None else 'already built'}) | "
-              f"{fit['archive_first_fit_median']:.2f} | "
-              f"{', '.join(f'{s:.2f}' for s in fit['archive_first_fits'])} |")
-    elif "error" in fit["jvm_archive"]:
-        print(f"| Pipeline, the session's first fit, JVM class archive | - | "
-              f"not built: {fit['jvm_archive']['error']} |")
+    if fit["daemon_first_fits"]:
+        print(f"| Pipeline, the session's first fit, opted in to spark_dist_daemon ({len(fit['daemon_first_fits'])} "
+              f"fresh sessions) | {fit['daemon_first_fit_median']:.2f} | "
+              f"{', '.join(f'{s:.2f}' for s in fit['daemon_first_fits'])} |")
     print(f"| Pipeline, later fits (new split each) | {fit['pipeline_median']:.2f} | "
           f"{', '.join(f'{s:.2f}' for s in fit['pipeline_seconds'])} |")
     print(f"| TorchEstimator alone, same DataFrame again (Petastorm cache reused) | {fit['cache_reused_median']:.2f} | "

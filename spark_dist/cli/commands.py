@@ -4,13 +4,13 @@
     spark-submit [spark options] $(spark-dist submit-path) [run options] train.py [script args...]
     spark-dist submit-path
     spark-dist conf-path
-    spark-dist jvm-archive [--rebuild] [--cache-dir DIR]
 
 Exit codes: 0 success; 1 a rank failed (its headline and traceback on stderr); 2 a usage or
 configuration error (bad flag, missing script, a :class:`~spark_dist.errors.ConfigError`, a SparkSession
 that could not start), always before any Spark job; 124 the run exceeded ``--timeout``; 130 interrupted.
-``jvm-archive``: 0 built (or found); 1 its build's job failed; 2 it cannot be built here (no usable Java, no
-Spark, files in Spark's conf directory, an unwritable cache directory); 130 interrupted.
+
+The session ``spark-dist run`` creates is its own: on a local master it names :mod:`spark_dist_daemon` as its
+Python daemon (docs/speedups.md); it passes no JVM options of its own.
 """
 from __future__ import annotations
 
@@ -122,32 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Print the directory holding the spark-defaults templates (local, GPU on "
                                     "standalone, YARN, Kubernetes), the GPU discovery script and log4j2 file: "
                                     "spark-submit --properties-file $(spark-dist conf-path)/spark-defaults.local.conf")
-    archive = commands.add_parser(
-        "jvm-archive", help="build a class archive that makes local Spark sessions start faster",
-        description="Build (once, about a minute) the class-data-sharing archive of this Java and these Spark "
-                    "jars (spark_dist.cli.jvm_archive), then print the properties line that gives it to a session's "
-                    "driver JVM, for a file you pass with --properties-file (not one in SPARK_CONF_DIR: a JVM "
-                    "maps no archive while that directory holds files). Add your own driver Java options to "
-                    "that line if you have some. 'spark-dist run' uses the archive by itself once it is built "
-                    "in the default cache directory.")
-    archive.add_argument("--rebuild", action="store_true", help="build it again even if it exists")
-    archive.add_argument("--cache-dir", help="where archives live (default: $SPARK_DIST_CACHE/jvm, else "
-                                             "~/.cache/spark_dist/jvm)")
     return parser
-
-
-def jvm_archive_line(args: argparse.Namespace) -> str:
-    """Build the JVM class archive if needed; the ``spark.driver.extraJavaOptions`` line that uses it.
-
-    Raises:
-        ConfigError: it cannot be built here: no usable Java or Spark, files in Spark's conf directory, an
-            unwritable cache directory (see :func:`spark_dist.cli.jvm_archive.build_archive`).
-        RuntimeError: the build's job failed.
-    """
-    from . import jvm_archive
-
-    path = jvm_archive.build_archive(args.cache_dir, rebuild=args.rebuild)
-    return f"spark.driver.extraJavaOptions {jvm_archive.archive_option(path)}"
 
 
 def conf_path() -> str:
@@ -160,7 +135,8 @@ def conf_path() -> str:
     import site
     import sysconfig
 
-    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # spark_dist/, above cli/
+    checkout = os.path.join(os.path.dirname(package), "conf")
     candidates = [checkout] + [os.path.join(base, "share", "spark_dist", "conf")
                                for base in (sys.prefix, sysconfig.get_path("data"), site.USER_BASE) if base]
     for candidate in candidates:
@@ -200,10 +176,9 @@ def read_properties(path: str) -> Dict[str, str]:
 
 
 def session_conf(args: argparse.Namespace) -> Dict[str, str]:
-    """The Spark conf for the session: properties file, then --conf, then --master (later wins), and the JVM
-    class archive (:mod:`spark_dist.cli.jvm_archive`) after your own driver Java options where one was built in
-    the default cache directory (and no ``spark.driver.extraClassPath`` is set); on a local master, PySpark's
-    daemon as :mod:`spark_dist_daemon` (unless ``spark.python.daemon.module`` is given).
+    """The Spark conf for the session: properties file, then --conf, then --master (later wins); on a local
+    master, PySpark's daemon as :mod:`spark_dist_daemon` (unless ``spark.python.daemon.module`` is given). Java
+    options are only yours (docs/speedups.md has a class archive recipe for them).
 
     Under spark-submit, only these explicit entries: defaults here would override spark-submit's own conf (and
     its JVM runs already).
@@ -225,24 +200,14 @@ def session_conf(args: argparse.Namespace) -> Dict[str, str]:
         conf["spark.driver.host"] = local_ip
     # One barrier stage runs the whole training: its progress bar would only garble the ranks' output.
     conf.setdefault("spark.ui.showConsoleProgress", "false")
-    # A local master's Python daemon imports PySpark from the installed package, not Spark's zip (spark_dist_daemon:
-    # ~1 s of the first Python job), where the workers run this environment, which imports it (python_daemon).
+    # This session is this command's own, so it may choose its daemon: on a local master, one importing the
+    # installed PySpark instead of Spark's zip (spark_dist_daemon), only where the workers run this environment,
+    # which finds the module (python_daemon.conf_default). A user's own session gets it only by naming it.
     from ..spark import python_daemon
 
     daemon = python_daemon.conf_default(conf, _local_workers_python(conf))
     if daemon:
         conf[python_daemon.KEY] = daemon
-    # The driver's JVM starts here: with the class archive, where `spark-dist jvm-archive` built one that fits
-    # (in the default cache directory). Not with a class path grown in front: the JVM would refuse it, and say so
-    # on stdout at every start.
-    if "spark.driver.extraClassPath" not in conf:
-        from . import jvm_archive
-
-        java_options = jvm_archive.driver_java_options(
-            conf.get("spark.driver.extraJavaOptions", ""),
-            default_options=conf.get("spark.driver.defaultJavaOptions", ""))
-        if java_options:
-            conf["spark.driver.extraJavaOptions"] = java_options
     return conf
 
 
@@ -335,19 +300,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ConfigError as exc:
             print(f"spark-dist: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        return EXIT_OK
-    if args.command == "jvm-archive":
-        try:
-            print(jvm_archive_line(args))
-        except ConfigError as exc:
-            print(f"spark-dist: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except RuntimeError as exc:
-            print(f"spark-dist: {exc}", file=sys.stderr)
-            return EXIT_FAILED
-        except KeyboardInterrupt:  # the build's job was ended on the way out (build_archive)
-            print("spark-dist: interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
         return EXIT_OK
     return execute(args)
 

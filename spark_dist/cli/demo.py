@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     builder = (SparkSession.builder.master(args.master).appName("spark_dist digits demo")
                .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false"))
-    # PySpark without Spark's zip where the workers run this Python (README, "Faster Python workers").
+    # The demo's own session: PySpark without Spark's zip where the workers run this Python (docs/speedups.md).
     daemon = python_daemon.conf_default({"spark.master": args.master}, os.environ["PYSPARK_PYTHON"])
     if daemon:
         builder = builder.config(python_daemon.KEY, daemon)

@@ -3,7 +3,7 @@
 ``TrainValidationSplit``, saved and loaded like any Spark ML stage.
 
 The stages are imported on first use: each rank imports :mod:`spark_dist.ml.training` from this package, and
-must not pay for ``pyspark.ml`` and pandas there (~0.6 s of CPU per rank on every fit's first run)."""
+must not pay for importing ``pyspark.ml`` and pandas there, on every fit's first run."""
 import importlib
 
 __all__ = ["TorchEstimator", "TorchModel"]

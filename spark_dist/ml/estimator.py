@@ -2,19 +2,21 @@
 :class:`spark_dist.Distributor` (DDP or Horovod) and returns a :class:`TorchModel`."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from ..spark import python_daemon
 from ..errors import ConfigError
 from ..driver.tracking import Tracker
 from . import inputs
 from .model import TorchModel
 from .params import TorchParams
 from .persistence import TorchPersistence, dumps, loads
-from .training import TrainSpec, train_ranks
+from .training import TrainSpec, train_ranks, training_path
+
+log = logging.getLogger("spark_dist")
 
 
 class TorchEstimator(Estimator, TorchParams, TorchPersistence):
@@ -152,7 +154,6 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
                 raise ConfigError(f"validationCol {validation_col!r} is also a feature or the label")
         get_backend(backend).check_available()  # Horovod not installed: say so before any job
         inputs.check_slots(spark, self.getNumProcesses(), self.getUseGpu())
-        python_daemon.use_in_session(spark)  # before the fit's first job (a Python UDF in the input would start it)
 
         # The model meets the feature width before any job when the schema tells the width.
         outputs = inputs.model_outputs(module, features.width) if features.width else None
@@ -180,22 +181,28 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
             outputs = inputs.model_outputs(module, width)
         inputs.check_label_values(label, loss, label_kind, outputs, handles)
 
+        path = training_path(module, self.getOptimizer(), backend, self.getUseGpu())
+        log.info("spark_dist: %s fits on %d ranks as %s: gradients by %s; optimizer %s", self.uid,
+                 self.getNumProcesses(), path["ranks"], path["gradients"], path["optimizer"])
         spec = TrainSpec(
             objects=dumps({"model": module, "loss": loss, "optimizer": self.getOptimizer()}),
             loss="callable" if callable(loss) else loss, feature_columns=features.columns,
             stack_features=features.stacked, label_column=label, batch_size=self.getBatchSize(),
             epochs=self.getEpochs(), learning_rate=self.getLearningRate(),
             scale_learning_rate=self.getScaleLearningRate(), warmup_epochs=self.getWarmupEpochs(),
-            backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in handles)
+            backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in handles,
+            path=path["ranks"])
         distributor = Distributor(num_processes=self.getNumProcesses(), backend=backend, use_gpu=self.getUseGpu(),
                                   verbose=self.getVerbose(), spark=spark)
         # With MLflow in use the fit is one MLflow run: the estimator's params and the model; the training run
         # logs into it (its per-epoch reports: the history's metrics at their epochs).
-        tracker = Tracker(f"{self.uid}-fit", {p.name: v for p, v in self.extractParamMap().items()
-                                              if isinstance(v, (int, float, str, bool))})
+        tracker = Tracker(f"{self.uid}-fit", {**{p.name: v for p, v in self.extractParamMap().items()
+                                                 if isinstance(v, (int, float, str, bool))},
+                                              "trainingPath": path["ranks"]})
         try:
             result = distributor.run(train_ranks, spec, datasets=handles)
             model = self._model_from(result, spec, width, outputs)
+            model._training_path = dict(path)
             tracker.model(model)
         except BaseException:
             tracker.end(failed=True)

@@ -143,7 +143,8 @@ class TorchModel(Model, TorchParams, TorchPersistence):
     - ``mse`` or a callable loss, one output: ``predictionCol`` (double); several outputs: an ML vector.
 
     ``history`` lists the per-epoch metrics of training (``epoch``, ``train_loss``, ``learning_rate``, and
-    ``val_loss`` / ``val_accuracy`` with validation).
+    ``val_loss`` / ``val_accuracy`` with validation); ``trainingPath()`` how the ranks trained (DDP, or replicas
+    without DDP for a small CPU model; the gradient averaging; the optimizer).
 
     Raises (from ``transform``, before any job): :class:`spark_dist.ConfigError` when ``model`` is not set,
     a feature column is missing or not numeric, or an output column already exists.
@@ -156,6 +157,7 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         self._history: List[Dict[str, Any]] = []
         self._num_features: Optional[int] = None
         self._num_outputs: Optional[int] = None
+        self._training_path: Dict[str, str] = {}
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
     def setModel(self, value):
@@ -180,14 +182,21 @@ class TorchModel(Model, TorchParams, TorchPersistence):
     def numOutputs(self) -> Optional[int]:
         return self._num_outputs
 
+    def trainingPath(self) -> Dict[str, str]:
+        """How ``fit`` trained: ``{"ranks": "replicas" | "ddp" | "horovod", "gradients": ..., "optimizer": ...}``
+        (empty for a model not made by ``fit``)."""
+        return dict(self._training_path)
+
     # -- persistence --------------------------------------------------------------------------------------
     def _extra_metadata(self) -> Dict[str, Any]:
-        return {"history": self._history, "numFeatures": self._num_features, "numOutputs": self._num_outputs}
+        return {"history": self._history, "numFeatures": self._num_features, "numOutputs": self._num_outputs,
+                "trainingPath": self._training_path}
 
     def _load_extra_metadata(self, metadata: Dict[str, Any]) -> None:
         self._history = list(metadata.get("history") or [])
         self._num_features = metadata.get("numFeatures")
         self._num_outputs = metadata.get("numOutputs")
+        self._training_path = dict(metadata.get("trainingPath") or {})
 
     # -- transform ----------------------------------------------------------------------------------------
     def _outputs(self, dataset, module, features) -> int:

@@ -1,25 +1,33 @@
-"""The estimator's optimizers by name (``'adam'``, ``'adamw'``, ``'sgd'``) for a model on CPU, computed as torch.optim
-computes them there, without torch.optim's classes.
+"""The estimator's optimizers by name (``'adam'``, ``'adamw'``, ``'sgd'``) for a model on CPU: torch's functional
+optimizers (``torch.optim.adam.adam``, ``torch.optim.adamw.adamw``, ``torch.optim.sgd.sgd``) with the state
+torch.optim's classes would keep, without those classes.
 
-Why: making any ``torch.optim`` optimizer imports ``torch._dynamo`` (its ``add_param_group`` is wrapped in
-``torch._disable_dynamo``, its ``step`` in a graph break), which costs a fresh rank more than a small model's
-whole training; a session's first fit runs in fresh ranks, so every rank would pay it (BENCHMARKS.md, Spark ML).
+Why not the classes: making any ``torch.optim`` optimizer imports ``torch._dynamo`` (its ``add_param_group`` is
+wrapped in ``torch._disable_dynamo``, its ``step`` in a graph break), a cost a fresh rank pays before its first
+step, and a session's first fit runs in fresh ranks (docs/speedups.md). The functional forms are the arithmetic the
+classes call, and import nothing more.
 
-What: torch.optim's defaults for each name (``Adam``: betas 0.9, 0.999, eps 1e-8, no weight decay; ``AdamW``: the
-same with decoupled weight decay 0.01; ``SGD``: no momentum), updated with the same tensor operations, in the same
-order, as torch.optim's single-tensor path, which it takes for CPU tensors (its ``foreach`` and ``fused`` kernels
-are for accelerators). ``tests/test_optimizers.py`` trains with each of these and with torch.optim's class side by
-side on the installed torch and requires the same weights, bit for bit. A parameter without a gradient is left
-as it is, as torch.optim leaves it.
+Invariant: each name updates its parameters exactly as ``torch.optim.<Class>(parameters, lr=lr)`` does on CPU,
+bit for bit (tests/unit/test_optimizers.py): the classes' defaults (``Adam``: betas 0.9, 0.999, eps 1e-8, no weight
+decay; ``AdamW``: the same with decoupled weight decay 0.01; ``SGD``: no momentum), their step counters (scalar
+tensors, as ``torch.optim`` keeps them), and their single-tensor kernels (``foreach=False``: what the classes choose
+for CPU tensors). A parameter without a gradient is left as it is, its step count too, as torch.optim leaves it.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List
 
 import torch
+from torch.optim.adam import adam
+from torch.optim.adamw import adamw
+from torch.optim.sgd import sgd
 
 
-class _OnCpu:
+# torch.optim's step counters: float32 tensors, float64 where that is torch's default dtype.
+_STEP_DTYPE = {False: torch.float32, True: torch.float64}
+
+
+class _Functional:
     """What the training loop uses of a torch.optim optimizer: ``param_groups[0]["lr"]``, ``zero_grad()`` (to
     ``None``, torch's default) and ``step()``."""
 
@@ -32,56 +40,45 @@ class _OnCpu:
 
     def step(self) -> None:
         group = self.param_groups[0]
-        lr = float(group["lr"])  # the training loop sets it before each step
-        with torch.no_grad():
-            for i, p in enumerate(group["params"]):
-                if p.grad is not None:
-                    self._update(i, p, p.grad, lr)
+        with_grad = [p for p in group["params"] if p.grad is not None]
+        if with_grad:
+            with torch.no_grad():
+                self._update(with_grad, [p.grad for p in with_grad], float(group["lr"]))
 
-    def _update(self, i: int, param, grad, lr: float) -> None:
+    def _update(self, params: List, grads: List, lr: float) -> None:
         raise NotImplementedError
 
 
-class SGD(_OnCpu):
+class SGD(_Functional):
     """``torch.optim.SGD(parameters, lr)``: momentum 0, dampening 0, no weight decay."""
 
-    def _update(self, i, param, grad, lr):
-        param.add_(grad, alpha=-lr)
+    def _update(self, params, grads, lr):
+        sgd(params, grads, [None] * len(params), foreach=False, weight_decay=0.0, momentum=0.0, lr=lr,
+            dampening=0.0, nesterov=False, maximize=False)
 
 
-class Adam(_OnCpu):
-    """``torch.optim.Adam(parameters, lr)``; ``weight_decay`` with ``decoupled``: ``torch.optim.AdamW``."""
-
-    betas = (0.9, 0.999)
-    eps = 1e-8
+class Adam(_Functional):
+    """``torch.optim.Adam(parameters, lr)``; :func:`_adamw`: ``torch.optim.AdamW(parameters, lr)``."""
 
     def __init__(self, parameters: Iterable, lr: float, weight_decay: float = 0.0, decoupled: bool = False):
         super().__init__(parameters, lr)
-        self.weight_decay, self.decoupled = weight_decay, decoupled
-        self.steps: Dict[int, int] = {}
-        self.moments: Dict[int, tuple] = {}  # (exp_avg, exp_avg_sq), made at a parameter's first step
+        self.weight_decay = weight_decay
+        self._kernel = adamw if decoupled else adam
+        self.state: Dict[torch.Tensor, tuple] = {}  # (exp_avg, exp_avg_sq, step), made at a parameter's first step
 
-    def _update(self, i, param, grad, lr):
-        beta1, beta2 = self.betas
-        if i not in self.moments:
-            self.moments[i] = (torch.zeros_like(param, memory_format=torch.preserve_format),
-                               torch.zeros_like(param, memory_format=torch.preserve_format))
-        exp_avg, exp_avg_sq = self.moments[i]
-        step = self.steps[i] = self.steps.get(i, 0) + 1
-        if self.weight_decay != 0:
-            if self.decoupled:
-                param.mul_(1 - lr * self.weight_decay)
-            else:
-                grad = grad.add(param, alpha=self.weight_decay)
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        # torch counts steps in a float32 tensor and reads them back as a float: exact for whole numbers < 2**24
-        bias_correction1 = 1 - beta1 ** float(step)
-        bias_correction2 = 1 - beta2 ** float(step)
-        step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2 ** 0.5
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        param.addcdiv_(exp_avg, denom, value=-step_size)
+    def _state_of(self, param) -> tuple:
+        if param not in self.state:
+            self.state[param] = (torch.zeros_like(param, memory_format=torch.preserve_format),
+                                 torch.zeros_like(param, memory_format=torch.preserve_format),
+                                 torch.tensor(0.0, dtype=_STEP_DTYPE[torch.get_default_dtype() == torch.float64]))
+        return self.state[param]
+
+    def _update(self, params, grads, lr):
+        exp_avgs, exp_avg_sqs, steps = zip(*(self._state_of(p) for p in params))
+        self._kernel(params, grads, list(exp_avgs), list(exp_avg_sqs), [], list(steps), foreach=False,
+                     capturable=False, differentiable=False, fused=None, grad_scale=None, found_inf=None,
+                     has_complex=False, amsgrad=False, beta1=0.9, beta2=0.999, lr=lr,
+                     weight_decay=self.weight_decay, eps=1e-8, maximize=False)
 
 
 def _adamw(parameters, lr):

@@ -1,9 +1,10 @@
 """The rank side of ``TorchEstimator.fit``: one module-level function that every rank runs.
 
 It reads its equal shard through ``ctx.loader``, trains with DDP (gloo, or NCCL on GPUs) or Horovod, and
-returns the trained weights and the per-epoch history from rank 0. On CPU, a model whose gradients make one small
+returns the trained weights and the per-epoch history from rank 0. On CPU, a model whose gradients make one DDP
 bucket trains as DDP would train it, without DDP or torch.optim's classes, which import ``torch._dynamo``
-(``gradients.GatheredReplicas``, ``optimizers``). Nothing here imports Spark.
+(``gradients.Replicas`` and torch's functional optimizers, ``optimizers``): :func:`training_path` chooses, on the
+driver. Nothing here imports Spark.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class TrainSpec:
     use_gpu: bool
     seed: int
     has_validation: bool
+    path: str = "ddp"              # training_path(...)["ranks"]: "replicas", "ddp" or "horovod"
 
 
 def learning_rate_at(step: int, base: float, world_size: int, warmup_steps: int, scale: bool) -> float:
@@ -42,6 +44,31 @@ def learning_rate_at(step: int, base: float, world_size: int, warmup_steps: int,
     if warmup_steps <= 0 or step >= warmup_steps:
         return target
     return base + (target - base) * (step + 1) / warmup_steps
+
+
+def training_path(module, optimizer, backend: str, use_gpu: bool) -> Dict[str, str]:
+    """How the ranks will train ``module``: ``{"ranks", "gradients", "optimizer"}``, for the driver's log, the
+    fitted model and :class:`TrainSpec` (the ranks follow it).
+
+    ``"replicas"`` on CPU for a model whose gradients make one DDP bucket (:func:`gradients.one_bucket`; the ranks
+    move the module to CPU): DDP's arithmetic without DDP, a named optimizer as torch's functional one. Else
+    ``"ddp"`` (gloo on CPU, NCCL on GPUs) with torch.optim's class, or ``"horovod"``.
+    """
+    from spark_dist.ml.gradients import one_bucket
+
+    named = None if callable(optimizer) else optimizer
+    if backend == "horovod":
+        return {"ranks": "horovod", "gradients": "Horovod DistributedOptimizer all-reduce",
+                "optimizer": f"torch.optim.{_CLASSES[named]}" if named else "callable"}
+    if not use_gpu and one_bucket(module.parameters()):
+        return {"ranks": "replicas", "gradients": "one all-reduce of all gradients after backward (as DDP's one "
+                                                  "bucket), no DDP",
+                "optimizer": f"torch.optim.{named}.{named} (functional)" if named else "callable"}
+    return {"ranks": "ddp", "gradients": f"DDP bucketed all-reduce ({'nccl' if use_gpu else 'gloo'})",
+            "optimizer": f"torch.optim.{_CLASSES[named]}" if named else "callable"}
+
+
+_CLASSES = {"adam": "Adam", "sgd": "SGD", "adamw": "AdamW"}
 
 
 def make_loss(loss):
@@ -59,21 +86,21 @@ def make_loss(loss):
     return compute
 
 
-def make_optimizer(optimizer, parameters, lr: float, on_cpu: bool = False):
-    """The optimizer a name or callable gives; ``on_cpu``: a named one from spark_dist.ml.optimizers (torch.optim's
-    arithmetic, without importing torch._dynamo) where it serves the parameters."""
+def make_optimizer(optimizer, parameters, lr: float, functional: bool = False):
+    """The optimizer a name or callable gives; ``functional``: a named one as torch's functional optimizer
+    (spark_dist.ml.optimizers: torch.optim's arithmetic, without importing torch._dynamo) where it serves the
+    parameters, else torch.optim's class."""
     import torch
 
     if callable(optimizer):
         return optimizer(parameters, lr)
     parameters = list(parameters)
-    if on_cpu:
+    if functional:
         from spark_dist.ml import optimizers
 
         if optimizers.serves(parameters):
             return optimizers.BY_NAME[optimizer](parameters, lr)
-    cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optimizer]
-    return cls(parameters, lr=lr)
+    return getattr(torch.optim, _CLASSES[optimizer])(parameters, lr=lr)
 
 
 def correct_count(loss, output, label):
@@ -104,7 +131,7 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
     import torch.distributed as dist
 
     from spark_dist import get_context
-    from spark_dist.ml.gradients import GatheredReplicas, average_small_buckets_by_all_gather, one_small_bucket
+    from spark_dist.ml.gradients import Replicas
 
     ctx = get_context()
     torch.manual_seed(spec.seed % (2 ** 63) + ctx.rank)  # dropout and friends differ per rank; weights start equal
@@ -125,18 +152,14 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     else:
         dist.init_process_group("nccl" if spec.use_gpu else "gloo")
-        # What DDP would do for one small bucket, without importing torch._dynamo (gradients.py)
-        replicas = not spec.use_gpu and one_small_bucket(module.parameters(), dist.get_world_size())
+        replicas = spec.path == "replicas"  # what DDP does for one bucket, without importing torch._dynamo
         if replicas:
-            model = GatheredReplicas(module)
+            model = Replicas(module)
+            average_gradients = model.average_gradients
         else:
             model = torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[device.index] if spec.use_gpu else None)
-            if not spec.use_gpu:  # small buckets in one round, not gloo's all-reduce's two (gradients.py)
-                model.register_comm_hook(None, average_small_buckets_by_all_gather)
-        optimizer = make_optimizer(objects["optimizer"], module.parameters(), spec.learning_rate, on_cpu=replicas)
-        if replicas:
-            average_gradients = model.average_gradients
+        optimizer = make_optimizer(objects["optimizer"], module.parameters(), spec.learning_rate, functional=replicas)
 
     def sum_over_ranks(values: List[float]) -> List[float]:
         tensor = torch.tensor(values, dtype=torch.float64)

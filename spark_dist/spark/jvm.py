@@ -3,8 +3,7 @@
 PySpark has no public API for these (on either Spark line): the scheduler's concurrent-task count, the
 registered executors' hosts, a DataFrame's analyzed plan (to find the cache a user's own Petastorm converter
 made of it), Hadoop's FileSystem (to list and move files in any scheme Spark itself writes), the JVM's child
-processes (has a Python daemon started?) and the running context's own conf (to choose the daemon of a local
-session before it starts: :mod:`spark_dist.spark.python_daemon`). The handles used (``sc._jsc``,
+processes (has a Python daemon started?). The handles used (``sc._jsc``,
 ``sc._jvm``, ``df._jdf``) are the same on Spark 3.5 and 4.x; keeping them here makes them easy to check
 when a Spark line moves, and marks what a session without a JVM (Spark Connect) must do otherwise.
 """

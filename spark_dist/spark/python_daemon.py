@@ -2,33 +2,24 @@
 own elsewhere.
 
 ``spark_dist_daemon`` is PySpark's daemon, run after dropping Spark's zips of the installed PySpark from its path
-(its docstring says why: 1.2-1.7 s of a core, on the first Python job of every session). Spark reads
-``spark.python.daemon.module`` when it starts a daemon, so it reaches a session two ways:
+(its docstring says why: the zip is compiled afresh on the first Python job of every session). Spark reads
+``spark.python.daemon.module`` when it starts a daemon. Only sessions spark_dist creates itself (``spark-dist
+run``, the demo) name it by default (:func:`conf_default`); a session you build yourself keeps PySpark's daemon
+unless you set the key (docs/speedups.md): spark_dist never changes a running session's conf.
 
-- a session spark_dist starts (``spark-dist run``, the demo) names it in its conf (:func:`conf_default`);
-- a local session you started yourself gets it at its first training run or fit (:func:`use_in_session`), set
-  in the running SparkContext's conf, where the session has started no Python worker yet.
-
-Either way only where the workers run this environment's interpreter, which finds the module: a Python that
-could not import it would start no Python task of the session at all.
+The default applies only where the workers run this environment's interpreter, which finds the module: a Python
+that could not import it would start no Python task of the session at all.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
 import sys
 from typing import Dict, NamedTuple, Optional
 
-from . import jvm, session
-
-log = logging.getLogger(__name__)
-
 KEY = "spark.python.daemon.module"
 MODULE = "spark_dist_daemon"
-
-_decided_for: set = set()  # applicationIds: the choice is made once per SparkContext
 
 
 class WorkersStart(NamedTuple):
@@ -42,13 +33,6 @@ class WorkersStart(NamedTuple):
     def of_this_process(cls, conf: Dict[str, str]) -> "WorkersStart":
         """As a JVM about to start from this process would (it inherits the environment)."""
         return cls(os.environ.get("PATH", ""), _pythonpath(conf, os.environ.get("PYTHONPATH")), os.getcwd())
-
-    @classmethod
-    def of_context(cls, sc, conf: Dict[str, str]) -> "WorkersStart":
-        """As ``sc``'s running JVM does: its own environment, not this process's (a notebook may change it)."""
-        system = sc._jvm.java.lang.System
-        return cls(system.getenv("PATH") or "", _pythonpath(conf, system.getenv("PYTHONPATH")),
-                   system.getProperty("user.dir"))
 
 
 def _pythonpath(conf: Dict[str, str], inherited: Optional[str]) -> str:
@@ -94,37 +78,3 @@ def conf_default(conf: Dict[str, str], workers_python: str, start: Optional[Work
     start = start or WorkersStart.of_this_process(conf)
     return MODULE if runs_this_environment(workers_python, start) else None
 
-
-def use_in_session(spark) -> bool:
-    """Have ``spark``'s Python daemon import the installed PySpark from now on, where that is safe; once per
-    SparkContext. Returns whether it set :data:`KEY`. Raises nothing: where anything fails to answer (a JVM
-    before Java 9 has no ``ProcessHandle``), the session is left as it is.
-
-    It does on a classic session with a ``local``/``local[...]`` master (its executors share the driver's JVM,
-    and so its conf) where :func:`conf_default` would choose it for the running JVM's workers
-    (``PYSPARK_PYTHON``, else ``python3`` on the JVM's ``PATH``), and no Python daemon or worker has started yet:
-    a running daemon keeps serving its workers on Spark 3.5 (it reads the key once), and on 4 a second one would
-    start beside it. A Python job started by another thread between that check and the key's setting may still
-    start PySpark's daemon (on 4, one of each then runs). Spark Connect sessions (this process has no handle on
-    the server's JVM), ``local-cluster`` and cluster masters (their executors' JVMs copied the conf when they
-    started) are left as they are. Set the key yourself (``pyspark.daemon`` is PySpark's) to choose.
-    """
-    if spark is None or session.is_connect(spark) or not session.is_local_master(spark):
-        return False
-    sc = spark.sparkContext
-    if sc.applicationId in _decided_for:
-        return False
-    _decided_for.add(sc.applicationId)
-    try:
-        conf = session.conf_snapshot(spark)
-        # The JVM's children first: a few py4j calls, where conf_default's probe starts a Python.
-        if (jvm.python_workers_started(sc)
-                or conf_default(conf, sc.pythonExec, WorkersStart.of_context(sc, conf)) is None):
-            return False
-        session.set_context_conf(spark, KEY, MODULE)
-    except Exception as exc:  # a choice of speed only: never a reason to fail the run
-        log.debug("spark_dist: kept this session's Python daemon (%s: %s)", type(exc).__name__, exc)
-        return False
-    log.info("spark_dist: this session's Python daemon now imports the installed PySpark, not Spark's zip of it "
-             "(%s=%s); set %s at the session's start to choose another", KEY, MODULE, KEY)
-    return True

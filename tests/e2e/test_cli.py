@@ -189,7 +189,6 @@ def test_session_conf_precedence_properties_then_conf_then_master(tmp_path, monk
 
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)  # the workers run this Python: spark_dist_daemon
-    monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path / "cache"))  # no JVM class archive built there
     props = tmp_path / "p.conf"
     props.write_text("spark.master local[4]\nspark.executor.memory 2g\nspark.sql.shuffle.partitions 8\n")
     args = parse_run("--properties-file", str(props), "--conf", "spark.executor.memory=3g",
@@ -229,34 +228,25 @@ def test_driver_host_follows_spark_local_ip_only_when_set(monkeypatch):
     assert session_conf(explicit)["spark.driver.host"] == "node7"
 
 
-def test_a_built_jvm_class_archive_joins_your_driver_java_options(tmp_path, monkeypatch):
-    """Once `spark-dist jvm-archive` built this Java's and Spark's archive, `spark-dist run` starts its driver
-    with it, after the options you gave (tests/test_jvm_archive.py shows a JVM using a real one)."""
-    from spark_dist.cli import jvm_archive
+def test_run_gives_the_driver_jvm_no_options_of_its_own(tmp_path, monkeypatch):
+    """No class archive (-XX:SharedArchiveFile) nor any other JVM option from spark_dist: the driver JVM of
+    `spark-dist run` gets only the options you give (docs/speedups.md has a class archive recipe)."""
     from spark_dist.cli.commands import session_conf
 
+    # An archive an earlier spark_dist built where it kept them is not picked up either.
+    os.makedirs(tmp_path / "jvm")
+    (tmp_path / "jvm" / "classes.jsa").write_bytes(b"")
     monkeypatch.setenv("SPARK_DIST_CACHE", str(tmp_path))
-    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)  # the pip PySpark's: no conf directory in the way
-    args = parse_run("--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
-    assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"  # none built yet
-    archive = jvm_archive.archive_path()
-    os.makedirs(os.path.dirname(archive))
-    open(archive, "wb").close()  # stands for a built one: only its presence is read here
-    assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-Dmine=1 -XX:SharedArchiveFile={archive}"
-    assert session_conf(parse_run(TRAIN))["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
-    # Options that decide class sharing themselves are left alone.
-    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1", "-XX:-UseSharedSpaces"):
-        args = parse_run("--conf", f"spark.driver.extraJavaOptions={own}", TRAIN)
-        assert session_conf(args)["spark.driver.extraJavaOptions"] == own
-        # ... also where they come from spark.driver.defaultJavaOptions, which Spark puts before yours.
-        args = parse_run("--conf", f"spark.driver.defaultJavaOptions={own}",
-                         "--conf", "spark.driver.extraJavaOptions=-Dmine=1", TRAIN)
-        assert session_conf(args)["spark.driver.extraJavaOptions"] == "-Dmine=1"
-    args = parse_run("--conf", "spark.driver.defaultJavaOptions=-Dsite=1", TRAIN)  # not about class sharing
-    assert session_conf(args)["spark.driver.extraJavaOptions"] == f"-XX:SharedArchiveFile={archive}"
-    # A class path grown in front of Spark's: the JVM would refuse the archive (with a warning at every start).
-    args = parse_run("--conf", "spark.driver.extraClassPath=/opt/my.jar", TRAIN)
-    assert "spark.driver.extraJavaOptions" not in session_conf(args)
+    for argv in ([TRAIN], ["--master", "local[2]", TRAIN], ["--master", "local[2]", "-n", "2", TRAIN]):
+        conf = session_conf(parse_run(*argv))
+        assert "spark.driver.extraJavaOptions" not in conf and "spark.driver.defaultJavaOptions" not in conf
+        assert not any("SharedArchiveFile" in value or "-Xshare" in value for value in conf.values())
+    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa -Dmine=1", "-Dmine=1"):
+        conf = session_conf(parse_run("--master", "local[2]", "--conf", f"spark.driver.extraJavaOptions={own}", TRAIN))
+        assert conf["spark.driver.extraJavaOptions"] == own  # yours, as given
+    top = spark_dist("--help")
+    assert top.returncode == 0 and "archive" not in top.stdout.lower()
+    assert spark_dist("jvm-archive").returncode == 2  # no such command
 
 
 def test_under_spark_submit_only_explicit_settings_are_added(monkeypatch):

@@ -1,5 +1,6 @@
 """spark_dist.ml: TorchEstimator / TorchModel in Pipelines, tuning, persistence, and bad input, on local[2]."""
 import functools
+import logging
 import time
 
 import numpy as np
@@ -74,7 +75,7 @@ def predictions(df):
 
 # -- real data: 2 ranks on the digits ------------------------------------------------------------------------
 def test_a_rank_imports_the_training_code_without_pyspark_ml_or_pandas():
-    # Every rank of every fit imports spark_dist.ml.training; pyspark.ml and pandas would cost it ~0.6 s of CPU.
+    # Every rank of every fit imports spark_dist.ml.training; it must not import pyspark.ml and pandas with it.
     import subprocess
     import sys
 
@@ -84,14 +85,15 @@ def test_a_rank_imports_the_training_code_without_pyspark_ml_or_pandas():
     assert out.strip() == "[]"
 
 
-def test_digits_pipeline_ddp_learns_and_keeps_history(spark_local):
+def test_digits_pipeline_ddp_learns_and_keeps_history(spark_local, caplog):
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import DoubleType
 
     train, test = digits_split(spark_local)
     pipeline, est = digits_pipeline("ddp", validationFraction=0.1)
     before = [p.detach().clone() for p in est.getModel().parameters()]
-    fitted = pipeline.fit(train)
+    with caplog.at_level(logging.INFO, logger="spark_dist"):
+        fitted = pipeline.fit(train)
     model = fitted.stages[-1]
     out = model.transform(fitted.stages[0].transform(test))
     assert accuracy(out) >= 0.93
@@ -106,6 +108,10 @@ def test_digits_pipeline_ddp_learns_and_keeps_history(spark_local):
     assert all(torch.equal(a, b) for a, b in zip(before, est.getModel().parameters()))
     assert model.getModel() is not est.getModel() and model.numFeatures() == 64 and model.numOutputs() == 10
     assert model.uid == est.uid and model.getLearningRate() == 0.003
+    # A small CPU model: replicas without DDP, torch's functional Adam; said in the log and kept by the model.
+    assert model.trainingPath()["ranks"] == "replicas"
+    assert model.trainingPath()["optimizer"] == "torch.optim.adam.adam (functional)"
+    assert any(r.name == "spark_dist" and "as replicas" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod.torch is not installed (make env builds it)")
@@ -123,6 +129,7 @@ def test_digits_pipeline_horovod_and_pipeline_model_round_trip(spark_local, tmp_
     loaded = PipelineModel.load(path)
     model = loaded.stages[-1]
     assert isinstance(model, TorchModel) and model.getBackend() == "horovod" and len(model.history) == 10
+    assert model.trainingPath()["ranks"] == "horovod"  # saved with the model
     assert predictions(loaded.transform(test)) == saved  # exactly the same numbers
     with pytest.raises(Exception, match="already exists"):
         fitted.write().save(path)

@@ -1,16 +1,18 @@
 """spark_dist.spark.python_daemon: which daemon forks a local session's Python workers.
 
-A session spark_dist starts names spark_dist_daemon in its conf (``conf_default``); a local session you started
-yourself gets it at its first run or fit, where no Python worker has started yet (``use_in_session``). The sessions
-whose daemon is chosen run in a subprocess: a daemon is chosen once per SparkContext, and this process's shared
-local session names its daemon in its conf (tests/clusters.py).
+A session spark_dist creates itself (``spark-dist run``, the demo) names spark_dist_daemon in its conf
+(``conf_default``); a session you build yourself is never changed: its first run or fit leaves its conf and its
+daemon as they were. That session runs in a subprocess, fresh (this process's shared local session names its
+daemon in its conf, tests/clusters.py, and its workers hold what earlier tests imported).
 """
 import json
 import os
 import sys
 import textwrap
 
-from spark_dist.spark import jvm, python_daemon
+import pytest
+
+from spark_dist.spark import jvm
 from spark_dist.spark.python_daemon import KEY, MODULE, WorkersStart, conf_default, runs_this_environment
 from commands import run_command
 
@@ -56,28 +58,12 @@ def test_a_session_that_ran_a_python_task_has_its_workers_started(spark_local):
     assert jvm.python_workers_started(spark_local.sparkContext)
 
 
-def test_a_choice_that_cannot_be_made_leaves_the_session_and_the_run_alone(spark_local, monkeypatch):
-    """A JVM before Java 9 has no ProcessHandle: the run goes on with the session's daemon as it was."""
-    def no_process_handle(sc):
-        raise TypeError("'JavaPackage' object is not callable")
-
-    monkeypatch.setattr(python_daemon, "_decided_for", set())  # the shared session counts as not yet decided
-    monkeypatch.setattr(python_daemon, "conf_default", lambda conf, python, start=None: MODULE)
-    monkeypatch.setattr(jvm, "python_workers_started", no_process_handle)
-    assert python_daemon.use_in_session(spark_local) is False
-
-
-def test_a_spark_connect_session_is_left_as_it_is(spark_connect):
-    assert not python_daemon.use_in_session(spark_connect)
-    assert spark_connect.conf.get(KEY, None) is None
-
-
-SESSIONS = textwrap.dedent("""
-    import json, os, sys, time
+OWN_SESSION = textwrap.dedent("""
+    import json, sys
     from pyspark.sql import SparkSession
     from pyspark.sql.functions import udf
     from spark_dist import Distributor
-    from spark_dist.spark import jvm
+    from spark_dist.ml import TorchEstimator
 
     def origins(_):
         import pyspark
@@ -91,54 +77,61 @@ SESSIONS = textwrap.dedent("""
         dist.destroy_process_group()
         return heard
 
-    def session(python_first):
-        spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        sc = spark.sparkContext
-        started_at_start = jvm.python_workers_started(sc)
-        before = sc.parallelize(range(2), 2).mapPartitions(origins).collect() if python_first else []
-        total = Distributor(num_processes=2).run(ranks)
-        squares = [r[0] for r in spark.range(4).select(udf(lambda x: x * x, "long")("id")).collect()]
-        after = sc.parallelize(range(2), 2).mapPartitions(origins).collect()
-        children = [c.info().arguments() for c in sc._jvm.java.lang.ProcessHandle.current().children().toArray()]
-        daemons = [list(a.get()) for a in children if a.isPresent()]  # not one exiting at this moment
-        report = {"started_at_start": started_at_start, "ranks": total, "squares": squares, "before": before, "after": after,
-                  "key": sc._jsc.sc().conf().get("spark.python.daemon.module", None), "daemons": daemons}
-        spark.stop()
-        for _ in range(100):  # the stopped context's daemon exits (SIGTERM): the next session starts without one
-            if not jvm.python_workers_started(sc):
-                break
-            time.sleep(0.1)
-        return report
+    def checked_loss(output, label):  # called at every step, after the optimizer is made and has stepped
+        import torch.nn.functional as F
+        if "torch._dynamo" in sys.modules:
+            raise RuntimeError("this rank imported torch._dynamo")
+        return F.cross_entropy(output, label)
 
-    print(json.dumps({"fresh": session(False), "python_first": session(True)}))
+    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    sc = spark.sparkContext
+    key = lambda: sc._jsc.sc().conf().get("spark.python.daemon.module", None)
+    report = {"key_before": key()}
+    import torch
+    torch.manual_seed(0)
+    rows = [([float(i % 7), float(i % 3)], i % 2) for i in range(64)]
+    df = spark.createDataFrame(rows, "features array<float>, label long")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    fitted = TorchEstimator(model=model, loss=checked_loss, numProcesses=2, epochs=2, batchSize=8).fit(df)
+    report["path"] = fitted.trainingPath()
+    report["key_after_fit"] = key()
+    report["ranks"] = Distributor(num_processes=2).run(ranks)
+    report["squares"] = [r[0] for r in spark.range(4).select(udf(lambda x: x * x, "long")("id")).collect()]
+    report["workers"] = sc.parallelize(range(2), 2).mapPartitions(origins).collect()
+    children = [c.info().arguments() for c in sc._jvm.java.lang.ProcessHandle.current().children().toArray()]
+    report["daemons"] = [list(a.get()) for a in children if a.isPresent()]  # not one exiting at this moment
+    report["key_after_run"] = key()
+    report["conf_after"] = sc.getConf().get("spark.python.daemon.module", None)
+    spark.stop()
+    print(json.dumps(report))
 """)
 
 
-def test_a_plain_local_sessions_first_run_moves_its_daemon_to_the_installed_pyspark(tmp_path):
-    """A user's own ``SparkSession.builder`` session: its first run chooses spark_dist_daemon, which then forks
-    the ranks' workers and every later Python task (a UDF too). A session whose Python workers had started
-    keeps PySpark's daemon: no second daemon starts beside it."""
-    import pyspark
-
-    # PySpark's default workers' Python: "python3" on PATH, here this environment's.
+@pytest.fixture(scope="module")
+def own_session(tmp_path_factory):
+    """What a user's own plain ``SparkSession.builder`` local session saw through a fit and a run (OWN_SESSION)."""
+    # PySpark's default workers' Python: "python3" on PATH, here this environment's (spark_dist_daemon would serve).
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env.update(SPARK_LOCAL_IP="127.0.0.1", PATH=os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]]))
-    result = run_command([sys.executable, "-c", SESSIONS], timeout=300, cwd=tmp_path, env=env)
+    result = run_command([sys.executable, "-c", OWN_SESSION], timeout=300, cwd=tmp_path_factory.mktemp("own"),
+                         env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    installed = os.path.join(os.path.dirname(pyspark.__file__), "__init__.py")
-    fresh, python_first = report["fresh"], report["python_first"]
-    for seen in (fresh, python_first):
-        assert seen["ranks"] == [0, 1] and seen["squares"] == [0, 1, 4, 9]  # 2 ranks over gloo; a Python UDF
-    assert fresh["started_at_start"] is False and python_first["started_at_start"] is False
-    assert fresh["key"] == MODULE
-    assert [w["daemon"] for w in fresh["after"]] == [MODULE, MODULE]
-    assert [w["pyspark"] for w in fresh["after"]] == [installed, installed]
-    # Every daemon the JVM started runs it (Spark 4 starts one for RDD functions and one for SQL UDFs).
-    assert {args[args.index("-m") + 1] for args in fresh["daemons"] if "-m" in args} == {MODULE}
-    assert python_first["key"] is None
-    assert [w["daemon"] for w in python_first["before"] + python_first["after"]] == ["pyspark.daemon"] * 4
-    assert all(w["pyspark"].endswith(os.path.join("pyspark.zip", "pyspark", "__init__.py"))
-               for w in python_first["after"])
-    assert {args[args.index("-m") + 1] for args in python_first["daemons"] if "-m" in args} == {"pyspark.daemon"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_users_own_session_is_not_changed_by_a_fit_or_a_run(own_session):
+    """spark.python.daemon.module unset before and after; PySpark's own daemon forks every Python worker."""
+    assert own_session["ranks"] == [0, 1] and own_session["squares"] == [0, 1, 4, 9]  # 2 ranks; a Python UDF
+    assert own_session["key_before"] is None
+    assert own_session["key_after_fit"] is None and own_session["key_after_run"] is None
+    assert own_session["conf_after"] is None
+    assert [w["daemon"] for w in own_session["workers"]] == ["pyspark.daemon"] * 2
+    assert {args[args.index("-m") + 1] for args in own_session["daemons"] if "-m" in args} == {"pyspark.daemon"}
+
+
+def test_a_fit_on_the_replicas_path_does_not_import_torch_dynamo(own_session):
+    """A small CPU model trains as Replicas with torch's functional optimizer: its ranks, fresh in a fresh session,
+    never import torch._dynamo (the loss checks at every step; it would fail the fit)."""
+    assert own_session["path"]["ranks"] == "replicas"
+    assert own_session["path"]["optimizer"] == "torch.optim.adam.adam (functional)"

@@ -1,9 +1,9 @@
 """spark_dist_daemon: PySpark's daemon, importing the installed PySpark instead of Spark's zip of it.
 
-The suite's shared local session runs with ``spark.python.daemon.module=spark_dist_daemon``; the ranks of every
-test on it start from its workers (tests/test_python_daemon.py shows a session of yours getting it at its first
-run). The choice of what to drop is shown on folders laid out like a pip-installed PySpark and like a Spark
-distribution.
+The suite's shared local session names it (``spark.python.daemon.module=spark_dist_daemon``), as a user opts in and
+as ``spark-dist run`` names it in the sessions it creates; the ranks of every test on it start from its workers (a
+session that does not name it keeps PySpark's daemon: tests/spark/test_python_daemon.py). The choice of what to
+drop is shown on folders laid out like a pip-installed PySpark and like a Spark distribution.
 """
 import os
 import sys

@@ -1,10 +1,11 @@
-"""spark_dist.ml.optimizers: the estimator's optimizers by name on CPU update weights exactly as torch.optim does."""
+"""spark_dist.ml.optimizers: the estimator's optimizers by name on CPU, torch's functional ones, update weights exactly
+as torch.optim's classes do; which path a fit takes (spark_dist.ml.training.training_path)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from spark_dist.ml import optimizers
-from spark_dist.ml.training import make_optimizer
+from spark_dist.ml.training import make_optimizer, training_path
 
 TORCH_OPTIM = {"adam": lambda p, lr: torch.optim.Adam(p, lr=lr), "adamw": lambda p, lr: torch.optim.AdamW(p, lr=lr),
                "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr)}
@@ -38,10 +39,23 @@ def test_each_name_trains_bit_for_bit_as_torch_optim_does(name):
 
 def test_the_estimator_takes_them_only_for_named_optimizers_on_cpu_replicas():
     model = torch.nn.Linear(4, 2)
-    assert isinstance(make_optimizer("adam", model.parameters(), 0.1, on_cpu=True), optimizers.Adam)
+    assert isinstance(make_optimizer("adam", model.parameters(), 0.1, functional=True), optimizers.Adam)
     assert isinstance(make_optimizer("adam", model.parameters(), 0.1), torch.optim.Adam)  # DDP imports torch._dynamo
-    mine = make_optimizer(lambda params, lr: torch.optim.RMSprop(params, lr=lr), model.parameters(), 0.1, on_cpu=True)
+    mine = make_optimizer(lambda params, lr: torch.optim.RMSprop(params, lr=lr), model.parameters(), 0.1,
+                          functional=True)
     assert isinstance(mine, torch.optim.RMSprop)  # a callable is the user's own
     halves = torch.nn.Linear(4, 2).to(torch.complex64)
     assert not optimizers.serves(list(halves.parameters()))  # torch.optim views complex weights as real pairs
-    assert isinstance(make_optimizer("sgd", halves.parameters(), 0.1, on_cpu=True), torch.optim.SGD)
+    assert isinstance(make_optimizer("sgd", halves.parameters(), 0.1, functional=True), torch.optim.SGD)
+
+
+def test_the_path_a_fit_takes():
+    small, large = torch.nn.Linear(64, 10), torch.nn.Linear(1024, 512)  # 2.6 KB and 2 MB of gradients
+    assert training_path(small, "adam", "ddp", use_gpu=False) == {
+        "ranks": "replicas", "gradients": "one all-reduce of all gradients after backward (as DDP's one bucket), "
+                                          "no DDP", "optimizer": "torch.optim.adam.adam (functional)"}
+    assert training_path(small, lambda p, lr: None, "ddp", use_gpu=False)["optimizer"] == "callable"
+    assert training_path(large, "sgd", "ddp", use_gpu=False) == {
+        "ranks": "ddp", "gradients": "DDP bucketed all-reduce (gloo)", "optimizer": "torch.optim.SGD"}
+    assert training_path(small, "adamw", "ddp", use_gpu=True)["gradients"] == "DDP bucketed all-reduce (nccl)"
+    assert training_path(small, "adam", "horovod", use_gpu=False)["ranks"] == "horovod"
