@@ -1,6 +1,6 @@
 """The session's first fit against an earlier revision's code, in the same hour (a script, not a test).
 
-    python bench/bench_history.py [--against eee1b36] [--rounds 5] [--later-fits 3] [--no-jvm-archive] [--out FILE]
+    python bench/bench_history.py [--against eee1b36] [--rounds 5] [--later-fits 3] [--out FILE]
 
 Why: #17's first-fit goal is in seconds (<= 6 s against 8.35 s the day it was filed), and this kind of machine
 is not as fast every day (a fresh ``import torch`` took 1.3 s that week and 1.5-2.9 s since). The fair
@@ -11,11 +11,10 @@ one, in fresh processes taking turns, on the same machine in the same hour.
 temporary directory. Each fresh process runs ``bench_ml.py --first-fit-only``: the digits Pipeline's first fit
 of a ``local[2]`` session (2 ranks, after one warm-up job), then ``--later-fits`` more on other splits (their
 median), with ``--code`` naming the tree that its driver and its ranks import spark_dist from. This code's
-plain session (a user's own ``SparkSession.builder``) runs its Python workers under ``spark_dist_daemon`` (PySpark
-imported from its package, not Spark's zip), which its first fit chooses (``spark_dist.spark.python_daemon``); the old
-code's, under PySpark's daemon: the bench checks both. A third kind of process runs this code with the session
-options ``spark-dist run`` gives a local master: the daemon named at the start and the JVM class archive
-(``spark-dist jvm-archive``, built first if missing; ``--no-jvm-archive`` leaves that kind out). Each round runs the kinds in the next of their orders, so that no kind
+plain session (a user's own ``SparkSession.builder``) runs its Python workers under PySpark's own daemon, as
+the old code's did. A third kind of process runs this code opted into ``spark_dist_daemon`` (PySpark imported
+from its package, not Spark's zip), as ``spark-dist run`` does for a local master. Each round runs the kinds in
+the next of their orders, so that no kind
 always goes first or after the same one. Every process runs in a scratch directory: Spark's Python workers
 and the ranks start there, and would otherwise import this repository's spark_dist before ``--code``'s. Each
 reports where its driver and its workers imported spark_dist from, and the bench checks both.
@@ -56,7 +55,7 @@ def unpack(revision: str, into: str) -> str:
 
 def first_fit(code: str, later_fits: int, cwd: str, options=(), daemon: str = "pyspark.daemon") -> dict:
     """One fresh process's first fit and median later fit, spark_dist imported from ``code`` (with ``options``
-    of bench_ml.py: ``--jvm-archive``, ``--python-daemon``), run in ``cwd``: Spark's Python workers and the
+    of bench_ml.py: ``--python-daemon``), run in ``cwd``: Spark's Python workers and the
     ranks start as ``python -m`` children in the driver's working directory, which comes before PYTHONPATH on
     their path, so it must hold no spark_dist of its own. Raises where its driver or workers ran other code,
     or its workers were forked by another ``daemon`` module (``None``: not checked)."""
@@ -79,21 +78,18 @@ def main(argv=None) -> int:
     parser.add_argument("--against", default=FILED_AT, help="the earlier revision (default: when #17 was filed)")
     parser.add_argument("--rounds", type=int, default=5, help="fresh processes of each kind, taking turns")
     parser.add_argument("--later-fits", type=int, default=3, help="Pipeline fits after the first, per process")
-    parser.add_argument("--no-jvm-archive", action="store_true",
-                        help="leave out the processes of this code with its JVM class archive")
     parser.add_argument("--out", help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, os.path.dirname(BENCH_ML))
-    from bench_ml import ensure_jvm_archive, import_torch_seconds
+    from bench_ml import import_torch_seconds
 
-    archive = None if args.no_jvm_archive else ensure_jvm_archive()
-    kinds = ["then", "now"] + (["now_options"] if archive and "error" not in archive else [])
-    options = {"then": (), "now": (), "now_options": ("--python-daemon", "--jvm-archive")}
+    kinds = ["then", "now", "now_options"]
+    options = {"then": (), "now": (), "now_options": ("--python-daemon",)}
     runs = {which: [] for which in kinds}
     # eee1b36 knows only PySpark's daemon; a later revision (--against) may choose either.
     expected_daemon = {"then": "pyspark.daemon" if args.against == FILED_AT else None,
-                       "now": "spark_dist_daemon", "now_options": "spark_dist_daemon"}
+                       "now": "pyspark.daemon", "now_options": "spark_dist_daemon"}
     with tempfile.TemporaryDirectory(prefix="spark_dist-history-") as scratch:
         commit = unpack(args.against, scratch)
         trees = {which: os.path.join(scratch, "code") if which == "then" else ROOT for which in kinds}
@@ -113,7 +109,6 @@ def main(argv=None) -> int:
         "then_median": medians["then"], "now_median": medians["now"],
         "ratio_of_medians": medians["now"] / medians["then"],
         "round_ratios": [n / t for n, t in zip(seconds["now"], seconds["then"])],
-        "jvm_archive": archive,
         "later_fits": args.later_fits,
         "accuracy": {which: [r["first_fit_accuracy"] for r in rs] for which, rs in runs.items()},
         "import_torch_seconds": import_torch_seconds(),
@@ -140,7 +135,7 @@ def main(argv=None) -> int:
     print("|---|---:|---|---:|---|---:|")
     labels = {"then": f"{args.against} (when #17 was filed)" if args.against == FILED_AT else args.against,
               "now": "this code (a plain session: spark_dist_daemon from its first fit)",
-              "now_options": "this code, spark_dist_daemon and JVM class archive (spark-dist run)"}
+              "now_options": "this code, opted into spark_dist_daemon (as spark-dist run does)"}
     for which in kinds:
         label = labels[which]
         later_median = f"{result[f'{which}_later_median']:.2f} s" if later else "-"
@@ -158,8 +153,6 @@ def main(argv=None) -> int:
           f"**{result['first_evaluation_ratio_of_medians']:.2f}x**.")
     for which in kinds[2:]:
         print(f"\n{labels[which]} / {args.against}: **{result[f'{which}_ratio_of_medians']:.2f}x**.")
-    if archive and "error" in archive:
-        print(f"\nno JVM class archive: {archive['error']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
