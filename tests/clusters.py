@@ -363,12 +363,9 @@ class SparkManager:
 
     def _warm_up(self):
         """One barrier task per slot: each executor starts its Python daemon now, not in a test; the daemon
-        that runs and UDFs use (spark_dist.spark.session.collect_in_udf_workers), not a plain RDD job's."""
-        from spark_dist.spark.session import collect_in_udf_workers
-
+        that runs and UDFs use (a barrier mapInArrow job, as a run's), not a plain RDD job's."""
         n = max(2, N_EXECUTORS[self.kind]) * (2 if self.kind == SHARED_EXECUTORS else 1)
-        sc = self.spark.sparkContext
-        collect_in_udf_workers(self.spark, sc.parallelize(range(n), n).barrier().mapPartitions(lambda it: [sum(it)]))
+        self.spark.range(0, n, 1, n).mapInArrow(lambda batches: batches, "id long", barrier=True).collect()
 
     def stop(self):
         """Stop our session, and any SparkContext a test made itself (getOrCreate would reuse it)."""

@@ -2,7 +2,7 @@
 
 On a classic session and in local mode the driver hosts the store and runs the :class:`Coordinator`; under
 Spark Connect the client may be unreachable from the executors, so the first task hosts both (see
-:mod:`spark_dist.driver.connect_attempt`). Either way the coordinator assigns ranks once every task has come,
+:mod:`spark_dist.driver.first_task`). Either way the coordinator assigns ranks once every task has come,
 relays the ranks' reports in order, tells a host whose ranks went silent, enforces the timeout and the abort
 grace, and finally says what it saw (:class:`~spark_dist.driver.outcome.Seen`) for :func:`~spark_dist.driver.outcome.outcome_of`.
 """

@@ -20,8 +20,7 @@ from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
 from ..wire.pickling import by_value
 from ..context import LOG_KEY, REPORT_KEYS
 from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
-from .classic_attempt import ClassicAttempt
-from .connect_attempt import ConnectAttempt
+from .attempt import Attempt
 from .outcome import worth_retrying
 from ..wire.protocol import Job
 
@@ -134,7 +133,7 @@ class Distributor:
         self._bar = output.ProgressBar()
         self._tracker = tracking.Tracker(config.run_id, tracking.run_params({**self._args, "run_id": config.run_id}))
         try:
-            result = self._attempts(config, spark, remote, backend, job_bytes, handles, checkpoint_dir)
+            result = self._attempts(config, spark, backend, job_bytes, handles, checkpoint_dir)
         except BaseException:
             self._tracker.end(failed=True)
             raise
@@ -142,8 +141,7 @@ class Distributor:
         self._tracker.end()
         return result
 
-    def _attempts(self, config: RunConfig, spark, remote: bool, backend, job_bytes: bytes, handles,
-                  checkpoint_dir: str):
+    def _attempts(self, config: RunConfig, spark, backend, job_bytes: bytes, handles, checkpoint_dir: str):
         """Attempt after attempt until one succeeds, or the failures are not worth another."""
         started = time.monotonic()
         failures_seen: List[RankFailure] = []
@@ -152,9 +150,9 @@ class Distributor:
                 self._wait_to_retry(config, spark, failures_seen, attempt, started)
             remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
             with _kept(handles):  # no eviction of these caches while the ranks read them
-                kind = ConnectAttempt if remote and not config.local_mode else ClassicAttempt
-                outcome = kind(self, config, backend, job_bytes, attempt, handles, checkpoint_dir,
-                                   spark, remaining).run()
+                # The store on the driver (classic session, local mode) or in the first task (Connect).
+                outcome = Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
+                                  remaining).run()
             if outcome.failures is None:
                 import cloudpickle
 

@@ -1,8 +1,10 @@
 """What spark_dist asks of a Spark session, on a classic session or under Spark Connect.
 
 A classic session has a SparkContext in this process: its conf, slot count and executor hosts come through
-PySpark's private py4j handles (:mod:`spark_dist.spark.jvm`), and jobs run as RDDs. A Spark Connect session is a
-thin client of a remote driver: only the DataFrame API and ``spark.conf`` exist. Every question that has no
+PySpark's private py4j handles (:mod:`spark_dist.spark.jvm`). A Spark Connect session is a thin client of a
+remote driver: only the DataFrame API and ``spark.conf`` exist. spark_dist's jobs use the DataFrame API on both
+(``mapInArrow``), so their tasks run in the Python workers the session's SQL UDFs use, and the two kinds
+differ only in how a job is named and cancelled (:func:`job_scope`, :func:`cancel`). Every question that has no
 Connect API gets an honest substitute here, said in each function's docstring.
 
 Which kind a session is: the session's own class (:func:`is_connect`). PySpark's ``is_remote()`` tells
@@ -11,8 +13,8 @@ session when none is given, and a process may hold both kinds at once (a test su
 """
 from __future__ import annotations
 
+import contextlib
 import re
-import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from . import jvm
@@ -137,62 +139,9 @@ def executor_hosts(spark) -> Optional[List[str]]:
 
 
 def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[Any]:
-    """Run ``fn(task_index)`` in ``tasks`` Spark tasks (one small job, not barrier); its lists, joined."""
-    if not is_connect(spark):
-        return collect_in_udf_workers(spark, spark.sparkContext.parallelize(range(tasks), tasks)
-                                      .mapPartitionsWithIndex(lambda index, _: fn(index)))
-    return records_of(spark.range(0, tasks, 1, tasks).mapInArrow(_arrow_task(fn), RECORDS_SCHEMA).collect())
-
-
-# What SQL's Python runners (pandas_udf, mapInArrow, ...) add to their workers' environment from the session's
-# SQL conf, where it is true: (conf key, its default, the variable set to "1", the first PySpark version that has
-# the key). RDD jobs add none of them (BasePythonRunner.compute). Spark keeps one Python daemon and one pool of
-# idle workers per environment, so without them a training run's workers (torch imported) never serve the
-# model's pandas_udf after a fit, which starts a second daemon and imports torch again in workers of its own (the
-# digits Pipeline's first evaluation after a first fit: 6.6-6.9 s, 5.1-5.4 s in the run's workers; BENCHMARKS.md),
-# and a run never reuses the workers of a user's UDFs.
-_SQL_WORKER_ENV = (
-    ("spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled", "true", "SPARK_SIMPLIFIED_TRACEBACK", (3, 0)),
-    ("spark.sql.execution.pyspark.udf.hideTraceback.enabled", "false", "SPARK_HIDE_TRACEBACK", (4, 0)),
-    ("spark.sql.execution.pyspark.udf.tracebackWithLocals.enabled", "false", "SPARK_TRACEBACK_WITH_LOCALS", (4, 3)),
-)
-# The one a run's workers may take: the others would cut spark_dist's own tracebacks to their last line, or put
-# every frame's locals (a run's payloads) into its error messages.
-_SHAREABLE_WORKER_ENV = {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
-_environment_swap = threading.Lock()
-
-
-def udf_workers_env(spark) -> Dict[str, str]:
-    """The variables SQL's Python runners add to their workers' environment in this classic session (a key
-    that this PySpark does not know adds nothing, whatever its value)."""
-    import pyspark
-
-    version = tuple(int(part) for part in re.findall(r"\d+", pyspark.__version__)[:2])
-    return {variable: "1" for key, default, variable, since in _SQL_WORKER_ENV
-            if version >= since and str(spark.conf.get(key, default)).strip().lower() == "true"}
-
-
-def collect_in_udf_workers(spark, rdd) -> List[Any]:
-    """``rdd.collect()`` for a Python RDD of this classic session, its tasks run by the Python workers that the
-    session's SQL UDFs use: its Python function is made with :func:`udf_workers_env` added to the
-    SparkContext's ``environment`` (which PySpark copies into each Python function as it makes it), so Spark
-    keys its workers as it keys theirs. Where that environment is PySpark's default (``SPARK_SIMPLIFIED_TRACEBACK``
-    alone), that is; with the hideTraceback or tracebackWithLocals SQL conf set, the RDD keeps workers of its own.
-    The change the workers show: PySpark shortens the traceback of an exception that escapes the RDD's function
-    and drops its ``__cause__``, as it does for UDFs."""
-    sc = spark.sparkContext
-    extra = udf_workers_env(spark)
-    if extra == _SHAREABLE_WORKER_ENV:
-        with _environment_swap:  # another run's swap in between would restore the wrong dict
-            own = sc.environment
-            if any(own.get(k) != v for k, v in extra.items()):
-                swapped = sc.environment = {**own, **extra}
-                try:
-                    rdd._jrdd  # noqa: B018 -- PipelinedRDD makes its JVM Python function (a copy of the env) here
-                finally:
-                    if sc.environment is swapped:
-                        sc.environment = own
-    return rdd.collect()
+    """Run ``fn(task_index)`` in ``tasks`` Spark tasks (one small ``mapInArrow`` job, not barrier); its lists,
+    joined. The tasks run in the Python workers the session's SQL UDFs use, on either kind of session."""
+    return collect_records(spark.range(0, tasks, 1, tasks).mapInArrow(_arrow_task(fn), RECORDS_SCHEMA))
 
 
 def _arrow_task(fn: Callable[[int], List[Any]]):
@@ -227,8 +176,77 @@ def records_of(rows) -> List[Any]:
     return [pickle.loads(row[0]) for row in rows]
 
 
+def collect_records(frame) -> List[Any]:
+    """Run ``frame``, a job whose tasks yield :func:`records_batch` batches, and return their records in
+    partition order. Fetched as Arrow (``toArrow``; a classic PySpark 3.5 session's ``_collect_as_arrow``)
+    rather than as rows, so a large result crosses the driver's JVM without a row per record and the copies
+    that row makes; ``collect()`` where neither exists (a PySpark 3.5 Connect client).
+
+    Raises:
+        Exception: what the job raised (a failed stage, a cancelled job), as PySpark raises it.
+    """
+    import pickle
+
+    if hasattr(frame, "toArrow"):  # PySpark >= 4.0, classic and Connect
+        values = frame.toArrow().column(0).to_pylist()
+    elif hasattr(frame, "_collect_as_arrow"):  # classic PySpark 3.5
+        values = [value for batch in frame._collect_as_arrow() for value in batch.column(0).to_pylist()]
+    else:
+        return records_of(frame.collect())
+    return [pickle.loads(value) for value in values]
+
+
+@contextlib.contextmanager
+def job_scope(spark, tag: str, description: str):
+    """Start this thread's jobs, inside the block, under ``tag`` (for :func:`cancel`), named ``description`` in
+    the Spark UI; the thread's settings are restored after it.
+
+    Classic: ``tag`` is the job group (``sc.setJobGroup``, interrupting the tasks on cancel), which the UI's
+    kill link and a user's ``sc.cancelJobGroup(tag)`` also reach; the description is the group's. Connect: a job
+    tag, and ``spark.job.description``, a session-wide setting there, set only when the user has set none (theirs
+    is theirs to keep) and unset after unless someone replaced it meanwhile."""
+    if not is_connect(spark):
+        sc = spark.sparkContext
+        sc.setJobGroup(tag, description, True)
+        try:
+            yield
+        finally:
+            for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+                sc.setLocalProperty(key, None)  # type: ignore[arg-type] -- None removes it
+        return
+    spark.addTag(tag)  # tags belong to the thread that starts the operation
+    described = _describe_jobs(spark, description)
+    try:
+        yield
+    finally:
+        spark.removeTag(tag)
+        if described:
+            _undescribe_jobs(spark, description)
+
+
+def _describe_jobs(spark, description: str) -> bool:
+    """Set ``spark.job.description`` (Connect) unless the user set one; returns whether ours was set."""
+    try:
+        if spark.conf.get("spark.job.description", None):
+            return False
+        spark.conf.set("spark.job.description", description)
+        return True
+    except Exception:  # noqa: BLE001 -- only the UI's label
+        return False
+
+
+def _undescribe_jobs(spark, description: str) -> None:
+    """Unset our description, unless someone replaced it meanwhile."""
+    try:
+        if spark.conf.get("spark.job.description", None) == description:
+            spark.conf.unset("spark.job.description")
+    except Exception:  # noqa: BLE001 -- the session may be gone
+        pass
+
+
 def cancel(spark, tag: str) -> None:
-    """Cancel the jobs started under ``tag`` (a job group on a classic session, a tag under Connect)."""
+    """Cancel the jobs started under ``tag`` (:func:`job_scope`: a job group on a classic session, a tag under
+    Connect)."""
     if is_connect(spark):
         spark.interruptTag(tag)
     else:

@@ -1,10 +1,11 @@
 """The task side of a run: one barrier task (or one local-mode thread) serves its ranks: one, or one per GPU
 of a multi-GPU task.
 
-The task joins the driver's store, publishes where it runs, reads its ranks, then runs the training code in
-a child process per rank and supervises them. Spark tasks *fork* the child from the reused Python worker, where
-torch is already imported (a fresh ``import torch`` costs ~1.65 s; a worker that has initialised CUDA spawns
-instead); local mode spawns a fresh interpreter.
+The Spark side (:func:`~spark_dist.task.partition.run_partition`, the barrier stage's ``mapInArrow``
+function) hands its slots to :func:`serve_task`: it joins the run's store, publishes where they run, reads
+their ranks, then runs the training code in a child process per rank and supervises them. Spark tasks *fork*
+the child from the reused Python worker, where torch is already imported (a fresh ``import torch`` takes
+seconds; a worker that has initialised CUDA spawns instead); local mode spawns a fresh interpreter.
 The child is its own process group, dies with its parent (PR_SET_PDEATHSIG) and is killed by the supervisor
 as soon as any rank's failure sets the run's abort key, so a rank blocked in a collective never hangs the run.
 """
@@ -36,36 +37,6 @@ RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this s
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
 HEARTBEAT_S = 1.0  # each rank's supervisor counts up beat/<rank> on the driver's store this often
 STDERR_TAIL_BYTES = 16 << 10
-
-
-# --------------------------------------------------------------------------------------------------------
-# Spark task entry
-# --------------------------------------------------------------------------------------------------------
-def run_barrier_partition(spec: LaunchSpec, _rows) -> Iterator[Any]:
-    """``mapPartitions`` function of the barrier stage: serve the ranks of this task, yield their records."""
-    from pyspark import BarrierTaskContext
-
-    yield from serve_task(spec, task_slots(BarrierTaskContext.get(), spec), fork_child, in_executor=True)
-
-
-def task_slots(task_context, spec: LaunchSpec) -> List[TaskInfo]:
-    """The process slots of this barrier task: one, or one per GPU when the task holds several
-    (``spec.processes_per_task``). ``getTaskInfos()`` is static scheduling information: unlike ``allGather``
-    it costs no barrier sync. Its address is the executor's ``host:port``, which tells the ranks that share an
-    executor Spark reports lost."""
-    from ..spark.resources import task_gpu_addresses
-
-    partition = task_context.partitionId()
-    executor = task_context.getTaskInfos()[partition].address
-    host = executor.rsplit(":", 1)[0]
-    gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
-    k = spec.processes_per_task
-    if k == 1:
-        return [TaskInfo(partition, host, gpus, executor, partition)]
-    if len(gpus) < k:
-        raise RuntimeError(f"spark_dist: this task holds GPUs {list(gpus)} but runs {k} ranks, one per GPU "
-                           "(spark.task.resource.gpu.amount): check the executors' GPU discovery script")
-    return [TaskInfo(partition * k + j, host, (gpus[j],), executor, partition) for j in range(k)]
 
 
 def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor: bool = False) -> Iterator[Any]:

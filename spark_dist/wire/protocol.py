@@ -1,4 +1,4 @@
-"""The protocol between the driver (``coordinator.py``) and its tasks (``worker.py``), in one place.
+"""The protocol between the driver (``driver/coordinator.py``) and its tasks (``task/barrier_task.py``), in one place.
 
 One attempt speaks through the attempt's signed store (see :mod:`spark_dist.wire.signed_store`), hosted by the driver
 (under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys:
@@ -29,7 +29,8 @@ The logs are the only channel whose volume depends on the user's code, and the d
 read; every other key holds one small value per task or rank. Unsigned counters (``arrived``, ``beat``) are
 hints: a forged value costs at most one extra read, never a loop over its size.
 
-Each task's Spark records (what ``collect()`` returns) are :class:`ResultChunk` and :class:`TaskStatus`.
+Each task's Spark records (what the barrier stage's ``collect()`` returns, one pickle a row) are
+:class:`ResultChunk` and :class:`TaskStatus`.
 "Task" in these keys and records means a process slot, one rank: a Spark task holding k GPUs serves k of them
 (:attr:`LaunchSpec.processes_per_task`), numbered ``spark_task * k + position``.
 """

@@ -183,7 +183,7 @@ def test_what_the_ranks_print_comes_back_with_the_result(spark_connect):
     import contextlib
     import io
 
-    from test_output import lines_of, print_lines
+    from test_output_runs import lines_of, print_lines
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -208,10 +208,10 @@ def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts
 
 
 def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_local, monkeypatch):
-    from spark_dist.driver import classic_attempt as classic_launch
+    from spark_dist.driver import attempt as attempt_module
     from spark_dist.task.barrier_task import signed_store
 
-    real_serve_rank = classic_launch.serve_rank
+    real_serve_rank = attempt_module.serve_rank
 
     def task_one_never_arrives(spec, task, start_child):
         if task.task_index == 0:
@@ -221,7 +221,7 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
         while not store.has(ABORT):
             time.sleep(0.05)
 
-    monkeypatch.setattr(classic_launch, "serve_rank", task_one_never_arrives)
+    monkeypatch.setattr(attempt_module, "serve_rank", task_one_never_arrives)
     spark_local.conf.set("spark.dist.rendezvousTimeout", "1s")
     started = time.monotonic()
     try:
@@ -299,6 +299,36 @@ def test_cancelling_the_job_group_from_outside_ends_the_run_cleanly(spark_local,
     assert time.monotonic() - started < 60
     pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert len(pids) == 2 and still_running_after(pids) == []
+
+
+def traceback_variable():
+    return os.environ.get("SPARK_SIMPLIFIED_TRACEBACK")
+
+
+def test_a_classic_runs_barrier_stage_is_a_sql_job_named_for_the_run(spark_local):
+    """The launch is a mapInArrow job: its tasks are the SQL runner's Python workers (the variable SQL adds to
+    their environment reaches the ranks) without touching the session's ``sc.environment``, and the Spark UI
+    shows the job, in the run's job group, under the run's description."""
+    from clusters import _wait_for
+
+    sc = spark_local.sparkContext
+    environment = dict(sc.environment)
+    assert "SPARK_SIMPLIFIED_TRACEBACK" not in environment
+    assert Distributor(num_processes=2, verbose=False, run_id="sql-stage").run(traceback_variable) == "1"
+    assert sc.environment == environment
+    jobs = sc.statusTracker().getJobIdsForGroup("spark_dist-sql-stage-0")
+    assert len(jobs) == 1
+    ui = sc._jsc.sc().statusStore()  # the listener bus fills the UI's stores shortly after the job
+    description = _wait_for("the job's description", lambda: ui.job(jobs[0]).description().getOrElse(None), 30)
+    assert description == "spark_dist run sql-stage attempt 0: 2 ranks, ddp"
+
+    def our_sql_execution():
+        executions = spark_local._jsparkSession.sharedState().statusStore().executionsList()
+        return next((executions.apply(i) for i in range(executions.size())
+                     if executions.apply(i).jobs().contains(jobs[0])), None)
+
+    execution = _wait_for("the SQL execution that ran the job", our_sql_execution, 30)
+    assert "MapInArrow" in execution.physicalPlanDescription()
 
 
 def test_the_spark_ui_names_the_run(spark_local):

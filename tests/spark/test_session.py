@@ -1,11 +1,11 @@
 """What spark_dist asks of a session: the Spark Connect substitutes that read the conf (pure functions), and
-which Python workers a classic session's runs use."""
+which Python workers a classic session's runs use (the SQL UDFs', by construction: its jobs are mapInArrow)."""
 import os
 
 import pytest
 
 from clusters import SPARK_4
-from spark_dist.spark.session import is_connect, run_on_executors, slots_from_conf, udf_workers_env
+from spark_dist.spark.session import is_connect, run_on_executors, slots_from_conf
 
 CLUSTER = {"spark.master": "spark://h:7077", "spark.executor.instances": "2", "spark.executor.cores": "8"}
 
@@ -60,38 +60,42 @@ def test_a_runs_tasks_run_in_the_python_workers_of_the_sessions_udfs(spark_local
     assert spark_local.sparkContext.environment == environment  # the session's own is left as it was
 
 
-def test_the_udf_workers_environment_follows_the_sql_conf(spark_local):
-    key = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
-    assert udf_workers_env(spark_local) == {"SPARK_SIMPLIFIED_TRACEBACK": "1"}
-    spark_local.conf.set(key, "false")
-    try:
-        assert udf_workers_env(spark_local) == {}
-    finally:
-        spark_local.conf.unset(key)
-    hide = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
-    spark_local.conf.set(hide, "true")
-    try:  # Spark 3.5 has no such key: its runners add nothing for it
-        expected = {"SPARK_SIMPLIFIED_TRACEBACK": "1", **({"SPARK_HIDE_TRACEBACK": "1"} if SPARK_4 else {})}
-        assert udf_workers_env(spark_local) == expected
-    finally:
-        spark_local.conf.unset(hide)
-
-
 def _workers_variables(spark):
     """The traceback variables of the Python workers that run a small spark_dist job (run_on_executors)."""
     return set(run_on_executors(spark, 2, lambda _: [k for k in os.environ if k.startswith("SPARK_")
                                                      and k.endswith("TRACEBACK")]))
 
 
-def test_spark_dists_jobs_take_the_udf_workers_environment_only_where_it_hides_nothing(spark_local):
+def _udf_workers_variables(spark):
+    """The traceback variables of the Python workers that run a pandas_udf of the session."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    @F.pandas_udf("string")
+    def variables(ids: pd.Series) -> pd.Series:
+        names = ",".join(k for k in os.environ if k.startswith("SPARK_") and k.endswith("TRACEBACK"))
+        return ids.map(lambda _: names)
+
+    rows = spark.range(2).repartition(2).select(variables("id")).collect()
+    return {name for row in rows for name in row[0].split(",") if name}
+
+
+def test_spark_dists_jobs_take_the_udf_workers_environment_whatever_the_sql_conf(spark_local):
+    """The variables SQL's Python runners add from the session's SQL conf reach spark_dist's jobs as they reach
+    a UDF's (a key this PySpark does not know adds nothing); the session's own environment stays as it was."""
     environment = dict(spark_local.sparkContext.environment)
-    assert _workers_variables(spark_local) == {"SPARK_SIMPLIFIED_TRACEBACK"}
-    # With the whole traceback hidden from UDF errors, spark_dist's own jobs keep workers of their own, with
-    # full tracebacks (Spark 4; 3.5 has no such key, and the default applies).
+    assert _workers_variables(spark_local) == _udf_workers_variables(spark_local) == {"SPARK_SIMPLIFIED_TRACEBACK"}
+    simplified = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
+    spark_local.conf.set(simplified, "false")
+    try:
+        assert _workers_variables(spark_local) == _udf_workers_variables(spark_local) == set()
+    finally:
+        spark_local.conf.unset(simplified)
     hide = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
     spark_local.conf.set(hide, "true")
-    try:
-        assert _workers_variables(spark_local) == (set() if SPARK_4 else {"SPARK_SIMPLIFIED_TRACEBACK"})
+    try:  # Spark 3.5 has no such key: its runners add nothing for it
+        expected = {"SPARK_SIMPLIFIED_TRACEBACK", *({"SPARK_HIDE_TRACEBACK"} if SPARK_4 else ())}
+        assert _workers_variables(spark_local) == _udf_workers_variables(spark_local) == expected
     finally:
         spark_local.conf.unset(hide)
     assert spark_local.sparkContext.environment == environment
