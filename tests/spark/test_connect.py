@@ -120,8 +120,8 @@ def test_a_dataframe_is_cached_through_the_dataframe_api_and_sharded(spark_conne
     df = spark_connect.range(200).select(F.array(F.col("id").cast("float")).alias("x"), F.col("id").alias("label"))
     a, b = Distributor(num_processes=2, verbose=False).run(gather_labels, datasets={"train": df})
     assert len(a) == len(b) == 100 and not set(a) & set(b) and sorted(a + b) == list(range(200))
-    bad = spark_connect.range(10).select(F.col("id").cast("string").alias("text"))
-    with pytest.raises(DatasetError, match="column 'text' has type string"):
+    bad = spark_connect.range(10).select(F.create_map(F.lit("k"), F.col("id")).alias("tags"))
+    with pytest.raises(DatasetError, match="column 'tags' has type map<string,bigint>"):
         Distributor(num_processes=2, verbose=False).run(gather_labels, datasets={"train": bad})
 
 

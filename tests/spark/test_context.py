@@ -97,6 +97,6 @@ def test_asking_for_a_missing_dataset_names_those_given(spark_local):
 
 
 def test_unsupported_column_is_refused_before_any_job(spark_local):
-    df = spark_local.createDataFrame([("a", 1)], "name string, label long")
-    with pytest.raises(DatasetError, match="name"):
+    df = spark_local.createDataFrame([({"a": 1}, 1)], "tags map<string,int>, label long")
+    with pytest.raises(DatasetError, match="tags"):
         Distributor(num_processes=2, verbose=False).run(read_with_allreduce_per_batch, 1, datasets={"train": df})
