@@ -64,8 +64,8 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
 
 
 def _no_background_imports() -> None:
-    """Wait for the warm-up imports of a worker that served a training run (training runs share the UDFs'
-    workers, :func:`spark_dist.spark.session.collect_in_udf_workers`) before unpickling a model, which imports its
+    """Wait for the warm-up imports of a worker that served a training run (a run's barrier stage is a
+    ``mapInArrow`` job, so it runs in the UDFs' workers) before unpickling a model, which imports its
     classes' modules: two threads importing at once can deadlock on modules that import each other. Waiting
     also keeps the next fit from sharing the worker with an import still under way (BENCHMARKS.md, Spark ML)."""
     warm_imports = sys.modules.get("spark_dist.task.warm_imports")
