@@ -71,7 +71,19 @@ class TrainContext:
 
         ``loader.set_epoch(e)`` (Lightning calls ``loader.sampler.set_epoch``) picks the epoch; ``loader.state_dict()``
         and ``loader.load_state_dict(state)`` save and restore the place in an epoch with a checkpoint, so a
-        resumed run goes on at the exact next batch.
+        retried or resumed run goes on at the exact next batch::
+
+            loader = ctx.loader("train", batch_size=64)
+            state = ctx.load_checkpoint()
+            if state is not None:
+                model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"])
+                loader.load_state_dict(state["loader"])  # also sets loader.epoch
+            for epoch in range(loader.epoch, epochs):
+                loader.set_epoch(epoch)  # keeps the restored place in its own epoch
+                for batch in loader:
+                    ...  # a step; every k batches, mid-epoch:
+                    ctx.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                         "loader": loader.state_dict()})
 
         Raises:
             KeyError: ``name`` was not passed in ``datasets=`` to ``run()`` (the message lists those given).

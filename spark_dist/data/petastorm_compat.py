@@ -26,11 +26,20 @@ Nothing is put in ``sys.modules`` or on the real modules, not even for the lengt
 another thread could see. :func:`install` runs on ``import spark_dist``; it costs a list insert, and the
 work happens when Petastorm is first imported (also by the user's own code).
 
+Petastorm's code that runs in Spark's Python workers travels there pickled: ``materialize_dataset``'s row-group
+summary job ships a closure calling ``lambda: pyarrow.localfs`` and ``pq.read_metadata``. cloudpickle would pickle
+the proxies it refers to by name, so the worker would import the real ``pyarrow`` and fail (``module 'pyarrow'
+has no attribute 'localfs'``). So each proxy and stand-in pickles as a call to :func:`_rebuilt`, which makes it
+again in the worker (installing the hook there, so that the Petastorm modules the function imports are served
+too). Only a process that unpickles Petastorm's own functions gets it; the user's session, and a worker that
+never runs Petastorm, are left as they are.
+
 Not supported (they raise, as on the new pyarrow without this module): Petastorm's legacy HDFS driver
 (use a ``file://`` mount or an fsspec URL), hive-partitioned datasets (``materialize_dataset`` with
 ``partition_by``), and ``petastorm.tf_utils`` (TensorFlow is not part of this stack).
 """
 import builtins
+import importlib
 import sys
 import threading
 import types
@@ -147,6 +156,25 @@ def _patch(module) -> None:
             setattr(module, name, _plan[key])
 
 
+class _StandIn(types.ModuleType):
+    """A module made here (a proxy or a stand-in). It pickles by name, as :func:`_rebuilt` (cloudpickle's own
+    reducer, exact type only, would import the real module by that name in the process that unpickles it)."""
+
+    def __reduce__(self):
+        return _rebuilt, (self.__name__,)
+
+
+def _rebuilt(name: str) -> types.ModuleType:
+    """The stand-in for module ``name`` in this process, where a pickled Petastorm function refers to one (Spark's
+    Python worker running ``materialize_dataset``'s summary job); the real module where this stack needs none."""
+    install()  # the Petastorm modules that function imports are served too
+    _prepare()
+    plan = _plan or {}
+    found = {"pyarrow": plan.get("pa"), "pyarrow.parquet": plan.get("pq"), "numpy": plan.get("np"),
+             **plan.get("modules", {})}.get(name)
+    return found if found is not None else importlib.import_module(name)
+
+
 def _proxy(real, **extra) -> types.ModuleType:
     """A module that has ``extra`` and forwards every other attribute to ``real``."""
     proxy = _module(real.__name__, **extra)
@@ -156,7 +184,7 @@ def _proxy(real, **extra) -> types.ModuleType:
 
 
 def _module(name: str, **attrs) -> types.ModuleType:
-    module = types.ModuleType(name, f"spark_dist's stand-in for {name} (see {__name__})")
+    module = _StandIn(name, f"spark_dist's stand-in for {name} (see {__name__})")
     module.__dict__.update(attrs)
     return module
 

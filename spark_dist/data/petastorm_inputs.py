@@ -6,7 +6,10 @@ of a Petastorm dataset.
 - A Petastorm dataset written with a Unischema (``materialize_dataset`` and ``dict_to_spark_row``), passed as its
   URL, a ``str`` (a path without a scheme is a ``file://`` one): read as it is. The columns its codecs wrote
   (``CompressedImageCodec``, ``NdarrayCodec``, ``CompressedNdarrayCodec``) are decoded by the ranks
-  (:mod:`.petastorm_codecs`); a ``ScalarCodec`` field is a plain Parquet column, read as any other.
+  (:mod:`.petastorm_codecs`) in the dtype the codec stored, as Petastorm's reader decodes them; a ``ScalarCodec``
+  field (or one without a codec) is a plain Parquet column, read as any other: float32 / int64 / bool unless
+  ``dtypes=`` says otherwise, as a DataFrame's column (not the field's numpy dtype, which ``make_reader`` keeps), so
+  a model reads a Petastorm dataset and a DataFrame alike.
 
 Both are described like a cache spark_dist wrote (:mod:`.cache`): row groups and value types from the files'
 footers, column kinds from the schema, the values measured by one aggregation job (nulls, array lengths). What

@@ -83,3 +83,23 @@ def test_legacy_dataset_lists_pieces_and_reads_row_groups(spark_local, tmp_path)
     assert [p.path for p in dataset.pieces] == sorted(p.path for p in dataset.pieces)
     total = sum(piece.read(columns={"label"}).num_rows for piece in dataset.pieces)
     assert total == 50 == sum(piece.get_metadata().num_rows for piece in dataset.pieces)
+
+
+def test_materialize_dataset_writes_its_row_group_summary_in_spark_workers(spark_local, tmp_path):
+    # Its default summary is a Spark job whose Python workers run Petastorm's closures (pickled on this driver):
+    # on the Spark 4 line they need the patch there too (petastorm_compat._rebuilt).
+    from petastorm import make_reader
+    from petastorm.codecs import NdarrayCodec, ScalarCodec
+    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, materialize_dataset
+    from petastorm.unischema import Unischema, UnischemaField, dict_to_spark_row
+    from pyspark.sql.types import IntegerType
+
+    schema = Unischema("Summary", [UnischemaField("id", np.int32, (), ScalarCodec(IntegerType()), False),
+                                   UnischemaField("m", np.float32, (2,), NdarrayCodec(), False)])
+    url = "file://" + str(tmp_path / "ds")
+    rows = [dict_to_spark_row(schema, {"id": np.int32(i), "m": np.full(2, i, np.float32)}) for i in range(20)]
+    with materialize_dataset(spark_local, url, schema, 1):   # use_summary_metadata=False: Petastorm's own job
+        spark_local.createDataFrame(rows, schema.as_spark_schema()).repartition(2).write.parquet(url)
+    assert ROW_GROUPS_PER_FILE_KEY in pq.read_metadata(str(tmp_path / "ds" / "_common_metadata")).metadata
+    with make_reader(url, reader_pool_type="dummy", num_epochs=1) as reader:
+        assert sorted((int(r.id), r.m.tolist()) for r in reader) == [(i, [float(i)] * 2) for i in range(20)]

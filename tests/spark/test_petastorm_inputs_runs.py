@@ -78,17 +78,17 @@ def original(i):
     rng = np.random.default_rng(i)
     return {"id": np.int32(i), "image": rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
             "mask": rng.integers(0, 256, (8, 6), dtype=np.uint8), "m": rng.random((2, 3)).astype(np.float32),
-            "v": np.arange(i % 5, dtype=np.int16) * np.int16(i), "x": np.float64(i) / 3, "s": f"row {i}"}
+            "v": np.arange(i % 5, dtype=np.int16) * np.int16(i), "x": np.float64(i) / 3, "s": f"row {i}",
+            "flag": np.bool_(i % 3 == 0)}
 
 
 def write_petastorm_dataset(spark, path, extra_fields=()):
     """A Petastorm dataset as its docs write one: a Unischema with codecs, ``dict_to_spark_row``,
-    ``materialize_dataset`` (its row-group summary written by Spark: Petastorm's own summary job runs Petastorm
-    in the executors' Python workers, which on the Spark 4 line cannot import it without spark_dist)."""
+    ``materialize_dataset`` (with its own row-group summary job, run in Spark's Python workers)."""
     from petastorm.codecs import CompressedImageCodec, CompressedNdarrayCodec, NdarrayCodec, ScalarCodec
     from petastorm.etl.dataset_metadata import materialize_dataset
     from petastorm.unischema import Unischema, UnischemaField, dict_to_spark_row
-    from pyspark.sql.types import DoubleType, IntegerType, StringType
+    from pyspark.sql.types import BooleanType, DoubleType, IntegerType, StringType
 
     schema = Unischema("Example", [
         UnischemaField("id", np.int32, (), ScalarCodec(IntegerType()), False),
@@ -98,11 +98,12 @@ def write_petastorm_dataset(spark, path, extra_fields=()):
         UnischemaField("v", np.int16, (None,), CompressedNdarrayCodec(), False),
         UnischemaField("x", np.float64, (), ScalarCodec(DoubleType()), False),
         UnischemaField("s", np.str_, (), ScalarCodec(StringType()), False),
+        UnischemaField("flag", np.bool_, (), ScalarCodec(BooleanType()), False),
         *extra_fields])
     extra = {f.name: np.arange(3, dtype=np.uint8) for f in extra_fields}
     rows = [dict_to_spark_row(schema, {**original(i), **extra}) for i in range(ROWS)]
     url = "file://" + str(path)
-    with materialize_dataset(spark, url, schema, 1, use_summary_metadata=True):
+    with materialize_dataset(spark, url, schema, 1):
         spark.createDataFrame(rows, schema.as_spark_schema()).repartition(3).write.parquet(url)
     return url
 
@@ -174,7 +175,7 @@ def test_a_petastorm_dataset_decodes_in_a_run_as_make_reader_reads_it(spark_loca
     assert handle.cache_dir_url == url and handle.num_rows == ROWS and len(handle.file_urls) == 3
     assert [(c.name, c.kind) for c in handle.columns] == [
         ("id", "scalar"), ("image", "binary"), ("mask", "binary"), ("m", "binary"), ("v", "binary"),
-        ("x", "scalar"), ("s", "string")]
+        ("x", "scalar"), ("s", "string"), ("flag", "scalar")]
     assert (handle.column("image").codec, handle.column("image").shape) == ("image", (8, 6, 3))
     assert (handle.column("v").codec, handle.column("v").shape) == ("compressed_ndarray", None)
     before = jobs_started(spark_local)
@@ -193,6 +194,10 @@ def test_a_petastorm_dataset_decodes_in_a_run_as_make_reader_reads_it(spark_loca
             assert mine.dtype == row[column].dtype and mine.shape == row[column].shape, (i, column)
             assert np.array_equal(mine, row[column]) and np.array_equal(mine, original(i)[column]), (i, column)
         assert ours[i]["x"] == row["x"] and ours[i]["s"] == row["s"] and ours[i]["id"] == row["id"]
+        assert ours[i]["flag"] == row["flag"] == original(i)["flag"]
+        # Scalar fields are plain columns, with the loader's dtypes (as a DataFrame's), not the Unischema's:
+        assert (row["id"].dtype, row["x"].dtype, row["flag"].dtype) == (np.int32, np.float64, np.bool_)
+        assert (ours[i]["id"].dtype, ours[i]["x"].dtype, ours[i]["flag"].dtype) == (np.int64, np.float64, np.bool_)
     assert ours[7]["image"].shape == (8, 6, 3) and ours[7]["v"].shape == (2,)
 
 

@@ -115,3 +115,26 @@ def test_pyarrow_looks_the_same_to_everyone_else_after_spark_dist_and_petastorm(
     if NEW_PYARROW:  # pyarrow 26 has none of these: nor may it seem to, to a library testing for them
         assert seen["before"] == {"filesystem": False, "hdfs": False, "localfs": False, "LocalFileSystem": False,
                                   "modules": []}
+
+
+def test_petastorms_functions_pickled_for_spark_workers_keep_the_patch(tmp_path):
+    # materialize_dataset's row-group summary job ships Petastorm closures to Spark's Python workers, which never
+    # imported spark_dist: the proxies they refer to must unpickle as proxies there, not as the real pyarrow.
+    import cloudpickle
+    from petastorm.fs_utils import FilesystemResolver
+
+    pq.write_table(pyarrow.table({"a": [1, 2, 3]}), str(tmp_path / "part.parquet"), row_group_size=1)
+    factory = FilesystemResolver("file://" + str(tmp_path)).filesystem_factory()
+
+    def row_groups(path):  # as petastorm.etl.dataset_metadata._generate_num_row_groups_per_file's closure
+        f = factory().open(path)
+        try:
+            return pq.read_metadata(f).num_row_groups
+        finally:
+            f.close()
+
+    shipped = cloudpickle.dumps(row_groups).hex()
+    out = _python(f"import pickle, sys\nfn = pickle.loads(bytes.fromhex({shipped!r}))\n"
+                  f"print(fn({str(tmp_path / 'part.parquet')!r}), 'spark_dist' in sys.modules)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", str(petastorm_compat.needed())]  # spark_dist imported there only if needed

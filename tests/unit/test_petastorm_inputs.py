@@ -216,3 +216,35 @@ def test_a_loader_over_a_petastorm_dataset_decodes_its_codec_columns(tmp_path, o
     first = next(iter(doubled))   # a transform gets the decoded tensors
     assert first["bright"].shape == (8, 8, 6, 3)
     assert torch.equal(first["bright"][0], torch.from_numpy(rgb(first["id"][0].item())).float() * 2)
+
+
+def test_scalar_fields_come_with_the_loaders_dtypes_not_the_unischemas(tmp_path):
+    # A Unischema's scalar fields are plain Parquet columns: a batch holds them as the same columns of a DataFrame
+    # (float32, int64, bool; dtypes= overrides), not in the field's numpy dtype as petastorm.make_reader yields them.
+    from petastorm.codecs import ScalarCodec
+    from petastorm.unischema import Unischema, UnischemaField
+    from pyspark.sql.types import BooleanType, ByteType, DoubleType, FloatType, IntegerType
+
+    fields = {"i32": (np.int32, IntegerType(), pa.int32()), "i8": (np.int8, ByteType(), pa.int8()),
+              "f64": (np.float64, DoubleType(), pa.float64()), "f32": (np.float32, FloatType(), pa.float32()),
+              "flag": (np.bool_, BooleanType(), pa.bool_())}
+    schema = Unischema("Scalars", [UnischemaField(n, t, (), ScalarCodec(s), False) for n, (t, s, _) in fields.items()])
+    os.makedirs(tmp_path / "ds")
+    ids = range(24)
+    values = {"i32": list(ids), "i8": list(ids), "f64": [i / 3 for i in ids], "f32": [i / 4 for i in ids],
+              "flag": [i % 2 == 1 for i in ids]}
+    table = pa.table({n: pa.array(values[n], a) for n, (_, _, a) in fields.items()})
+    pq.write_table(table, str(tmp_path / "ds" / "part-00000.parquet"))
+    pq.write_metadata(table.schema.with_metadata({inputs.UNISCHEMA_KEY: pickle.dumps(schema)}),
+                      str(tmp_path / "ds" / "_common_metadata"))
+    url = "file://" + str(tmp_path / "ds")
+    assert inputs.codec_columns("s", inputs.read_unischema("s", url)) == {}   # every field a plain column
+    handle = describe_files("s", url, [url + "/part-00000.parquet"], dict.fromkeys(fields, SCALAR), {})
+    batch = next(iter(make_loader(handle, rank=0, world_size=1, batch_size=24, shuffle=False)))
+    assert {n: t.dtype for n, t in batch.items()} == {"i32": torch.int64, "i8": torch.int64, "f64": torch.float32,
+                                                      "f32": torch.float32, "flag": torch.bool}
+    assert batch["i32"].tolist() == values["i32"] and batch["flag"].tolist() == values["flag"]
+    exact = next(iter(make_loader(handle, rank=0, world_size=1, batch_size=24, shuffle=False,
+                                  dtypes={"f64": torch.float64, "i32": "int32"})))
+    assert exact["f64"].dtype == torch.float64 and exact["f64"].tolist() == values["f64"]
+    assert exact["i32"].dtype == torch.int32
