@@ -10,7 +10,7 @@ from pyspark.ml import Estimator
 
 from ..errors import ConfigError
 from ..driver.tracking import Tracker
-from . import inputs
+from . import inputs, transform_inputs
 from .model import TorchModel
 from .params import TorchParams
 from .persistence import TorchPersistence, dumps, loads
@@ -31,8 +31,19 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     Params (Spark camelCase; ``explainParams()`` lists them with their defaults):
 
     - ``model``: the ``torch.nn.Module``; training starts from its current weights (it is not changed: the
-      fitted model holds a trained copy). It must take a float tensor ``[batch, n_features]``.
-    - ``featuresCol``: an ML vector column, an ``array<number>`` column, or a list of numeric columns.
+      fitted model holds a trained copy). It must take a float tensor ``[batch, n_features]`` (without a
+      ``transformFn``), or what ``transformFn`` returns.
+    - ``featuresCol``: an ML vector column, an ``array<number>`` column, or a list of numeric columns; with a
+      ``transformFn``, one column or a list of columns of any kind the loader takes (``binary``, ``string``,
+      arrays of varying length, nested arrays, numbers, vectors).
+    - ``transformFn``: a function of a batch of the ``featuresCol`` columns (a dict: ``binary`` -> list of
+      ``bytes``, ``string`` -> list of ``str``, varying-length arrays -> a tensor padded with 0 plus
+      ``"<column>_lengths"``, numbers -> tensors; never the label) returning the model's input: a tensor, a
+      tuple of tensors (``model(*x)``) or a dict of tensors (``model(**x)``; one entry: ``model(value)``).
+      Decode images, tokenize text, augment (seeded per batch). ``inferenceTransformFn`` (default:
+      ``transformFn``): the function for validation rows and :meth:`TorchModel.transform`, e.g. without the
+      random augmentation. ``transformWorkers``: processes per rank that run ``transformFn`` (default 0: the
+      loader's thread). All three are saved with the stage (:mod:`spark_dist.ml.transforms`).
     - ``labelCol``, ``predictionCol``, ``rawPredictionCol``, ``seed``: as in Spark ML.
     - ``loss``: ``"cross_entropy"`` (labels are class indices 0..C-1 for a C-output model), ``"mse"``,
       ``"bce_with_logits"`` (targets in [0, 1]), or a callable ``(output, label) -> scalar tensor``.
@@ -53,11 +64,14 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     DataFrame fitted again (the same plan, e.g. every grid point of one fold) reuses its Petastorm cache.
 
     ``fit`` raises :class:`spark_dist.ConfigError` (a ``ValueError``) before any training job when ``model``
-    is not set, a feature or label column is missing or not numeric, ``numProcesses`` exceeds the cluster's
-    task slots, or the backend is not installed (these before any Spark job at all); or when labels do not
-    fit the model's outputs, a column holds nulls or vectors of unequal length, or there are fewer rows than
-    processes (these measured by the one job that writes the dataset cache). Each message names the Param
-    or column. A failure inside training raises
+    is not set, a feature or label column is missing or not numeric (without a ``transformFn``; with one, of a
+    type no loader takes, such as a map), ``inferenceTransformFn`` or ``transformWorkers`` is set without
+    ``transformFn``, ``numProcesses`` exceeds the cluster's task slots, or the backend is not installed (these
+    before any Spark job at all); when ``transformFn`` or ``inferenceTransformFn`` fails on the first two rows
+    or returns what the model cannot take (one small job reads them); or when labels do not fit the model's
+    outputs, a column holds nulls or vectors of unequal length, or there are fewer rows than processes (these
+    measured by the one job that writes the dataset cache). Each message names the Param or column. A failure
+    inside training (a ``transformFn`` failing on a later batch included) raises
     :class:`spark_dist.TrainingFailedError` naming the rank.
     """
 
@@ -66,7 +80,7 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
                  labelCol="label", predictionCol="prediction", rawPredictionCol="rawPrediction", batchSize=32,
                  epochs=10, learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, seed=None,
                  validationFraction=0.0, validationCol=None, scaleLearningRate=True, warmupEpochs=1.0,
-                 verbose=False):
+                 verbose=False, transformFn=None, inferenceTransformFn=None, transformWorkers=0):
         super().__init__()
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -75,7 +89,7 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
                   labelCol="label", predictionCol="prediction", rawPredictionCol="rawPrediction", batchSize=32,
                   epochs=10, learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, seed=None,
                   validationFraction=0.0, validationCol=None, scaleLearningRate=True, warmupEpochs=1.0,
-                  verbose=False):
+                  verbose=False, transformFn=None, inferenceTransformFn=None, transformWorkers=0):
         """Set the given Params (only those passed; ``None`` leaves a Param as it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -140,7 +154,11 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         loss, backend = self.getLoss(), self.getBackend()
         spark = dataset.sparkSession
         schema = dataset.schema
-        features = inputs.features_of(schema, self.featureColumns())
+        fn, inference_fn = transform_inputs.check_params(self)
+        if fn is None:
+            features = inputs.features_of(schema, self.featureColumns())
+        else:
+            features = transform_inputs.features_for_transform(schema, self.featureColumns())
         label = self.getLabelCol()
         label_kind = inputs.check_label(schema, label, loss, features)
         validation_col, fraction = self.getValidationCol(), self.getValidationFraction()
@@ -155,8 +173,16 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         get_backend(backend).check_available()  # Horovod not installed: say so before any job
         inputs.check_slots(spark, self.getNumProcesses(), self.getUseGpu())
 
-        # The model meets the feature width before any job when the schema tells the width.
+        # The model meets the feature width before any job when the schema tells the width. A transform meets
+        # the first rows, read by one small job, and the model what it makes of them: before the cache write,
+        # or after it where an array column's kind (one length, or a padded sequence) is known only once measured.
         outputs = inputs.model_outputs(module, features.width) if features.width else None
+        sampled = None
+        if fn is not None:
+            kinds = transform_inputs.schema_kinds(schema, features.columns)
+            sampled = transform_inputs.sample(dataset, features, kinds)
+            if not transform_inputs.has_arrays(schema, features.columns):  # else the cache write tells their kind
+                outputs = transform_inputs.check_sample(module, fn, inference_fn, sampled, kinds)
         # Columns by name, and SQL text over columns by position: no Column method (spark_dist.data.schema.sql).
         names = [*features.columns, label]
         columns = [inputs.quoted(c) for c in names]
@@ -176,7 +202,13 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         validation = (f"validationCol={validation_col!r}" if validation_col
                       else f"validationFraction={fraction:g}")
         handles = inputs.prepare(spark, datasets, self.getNumProcesses(), features, label, validation)
-        width = inputs.feature_width(features, handles)
+        kinds = {}
+        if fn is not None:
+            kinds, width = {c: handles["train"].column(c).kind for c in features.columns}, None
+            if outputs is None:
+                outputs = transform_inputs.check_sample(module, fn, inference_fn, sampled, kinds)
+        else:
+            width = inputs.feature_width(features, handles)
         if outputs is None:
             outputs = inputs.model_outputs(module, width)
         inputs.check_label_values(label, loss, label_kind, outputs, handles)
@@ -184,14 +216,17 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         path = training_path(module, self.getOptimizer(), backend, self.getUseGpu())
         log.info("spark_dist: %s fits on %d ranks as %s: gradients by %s; optimizer %s", self.uid,
                  self.getNumProcesses(), path["ranks"], path["gradients"], path["optimizer"])
+        objects = {"model": module, "loss": loss, "optimizer": self.getOptimizer()}
+        if fn is not None:
+            objects.update(transform=fn, inference_transform=inference_fn)
         spec = TrainSpec(
-            objects=dumps({"model": module, "loss": loss, "optimizer": self.getOptimizer()}),
+            objects=dumps(objects),
             loss="callable" if callable(loss) else loss, feature_columns=features.columns,
             stack_features=features.stacked, label_column=label, batch_size=self.getBatchSize(),
             epochs=self.getEpochs(), learning_rate=self.getLearningRate(),
             scale_learning_rate=self.getScaleLearningRate(), warmup_epochs=self.getWarmupEpochs(),
             backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in handles,
-            path=path["ranks"])
+            path=path["ranks"], transformed=fn is not None, transform_workers=self.getTransformWorkers())
         distributor = Distributor(num_processes=self.getNumProcesses(), backend=backend, use_gpu=self.getUseGpu(),
                                   verbose=self.getVerbose(), spark=spark)
         # With MLflow in use the fit is one MLflow run: the estimator's params and the model; the training run
@@ -202,6 +237,7 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         try:
             result = distributor.run(train_ranks, spec, datasets=handles)
             model = self._model_from(result, spec, width, outputs)
+            model._feature_kinds = kinds
             model._training_path = dict(path)
             tracker.model(model)
         except BaseException:

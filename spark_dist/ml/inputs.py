@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 # ARRAY, by_position and quoted are for callers (the estimator and the model).
-from ..data.schema import ARRAY, SCALAR, VECTOR, by_position, kind_of, position, quoted, sql  # noqa: F401
+from ..data.schema import (  # noqa: F401
+    ARRAY, SCALAR, VECTOR, by_position, kind_of, loader_kind, position, quoted, sql,
+)
 from ..errors import ConfigError
 
 
@@ -30,8 +32,14 @@ def column_kind(schema, column: str, param: str) -> str:
     if kind is not None:
         return kind
     hint = " (index it with StringIndexer)" if isinstance(t, T.StringType) else ""
+    if param == "featuresCol" and loader_kind(t) is not None:  # binary, string, nested or ragged arrays
+        hint += ("; or set the transformFn Param to a function that turns it into tensors (decode images, "
+                 "tokenize text, pad sequences)")
     raise ConfigError(f"{param}: column {column!r} has type {t.simpleString()}, not a number, an array of numbers "
                       f"or an ML vector{hint}")
+
+
+TRANSFORMED = "transformed"  # Features.kind: columns of any loader kind, turned into tensors by the transform
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class Features:
     columns: Tuple[str, ...]
     stacked: bool                  # scalar columns -> one [batch, len(columns)] tensor
     width: Optional[int]           # values per row, when the schema tells (stacked columns, assembler metadata)
-    kind: str                      # VECTOR, ARRAY or SCALAR (stacked)
+    kind: str                      # VECTOR, ARRAY or SCALAR (stacked); TRANSFORMED (transform_inputs)
 
     def array_column(self, names: List[str]):
         """The features as one ``array<float>`` Column (for inference) of ``by_position(df)``, where ``names``
@@ -132,8 +140,9 @@ def prepare(spark, datasets: dict, num_processes: int, features: Features, label
     from ..data import DatasetError, prepare_datasets
 
     try:
-        return prepare_datasets(spark, datasets, num_processes, value_ranges=(label,),
-                                fixed_length=features.columns)  # the model's input has one width
+        # The model's input has one width, unless a transform makes it of what it is given.
+        fixed = () if features.kind == TRANSFORMED else features.columns
+        return prepare_datasets(spark, datasets, num_processes, value_ranges=(label,), fixed_length=fixed)
     except DatasetError as exc:
         if exc.dataset is None:  # the cache's conf (no scheme, not shared across hosts): its key is named
             raise ConfigError(str(exc)) from None

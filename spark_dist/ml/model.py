@@ -8,14 +8,14 @@ import hashlib
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pandas as pd
 from pyspark import keyword_only
 from pyspark.ml import Model
 
 from ..errors import ConfigError
-from . import inputs
+from . import inputs, transform_inputs, transforms
 from .params import TorchParams
 from .persistence import TorchPersistence, dumps, loads
 
@@ -46,7 +46,8 @@ def inference_device(use_gpu: bool):
 
 def worker_module(key: str, payload: bytes, use_gpu: bool):
     """The module for ``key`` in this Python worker on this task's device, unpickled on first use, in eval
-    mode. The cache is keyed by device too: a reused worker may serve tasks holding other GPUs."""
+    mode (or, for a payload of ``{"model", "transform"}``, that dict with its module so). The cache is keyed by
+    device too: a reused worker may serve tasks holding other GPUs."""
     device = inference_device(use_gpu)
     cache_key = f"{key}@{device}"
     with _MODULES_LOCK:
@@ -55,7 +56,11 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
             _MODULES.move_to_end(cache_key)
             return module
     _no_background_imports()
-    module = loads(payload).to(device).eval()
+    module = loads(payload)
+    if isinstance(module, dict):
+        module["model"] = module["model"].to(device).eval()
+    else:
+        module = module.to(device).eval()
     with _MODULES_LOCK:
         _MODULES[cache_key] = module
         while len(_MODULES) > _MODULES_KEPT:
@@ -98,17 +103,35 @@ def predict_chunks(module, features: pd.Series, chunk: int):
     return np.concatenate(parts)
 
 
-def make_predict_udf(key: str, payload: bytes, kind: str, use_gpu: bool, chunk: int):
+def make_predict_udf(key: str, payload: bytes, kind: str, use_gpu: bool, chunk: int,
+                     kinds: Optional[Dict[str, str]] = None):
     """The pandas UDF for one model; ``payload`` travels inside the pickled UDF (PySpark broadcasts it
-    itself once it is large)."""
+    itself once it is large). Without ``kinds`` it takes one ``array<float>`` column; with ``kinds`` (column
+    -> kind, in the UDF's argument order) one argument per feature column, and ``payload`` holds
+    ``{"model", "transform"}``: each Arrow batch becomes the loader's batch, the transform and the model run on
+    each ``chunk`` rows of it."""
     import numpy as np
     from pyspark.sql.functions import pandas_udf
 
+    names = list(kinds or ())
+
+    def outputs(objects, args):
+        if kinds is None:
+            return predict_chunks(objects, args, chunk)
+        args = args if isinstance(args, tuple) else (args,)
+        batch = transforms.batch_of({c: a.to_numpy() for c, a in zip(names, args)}, kinds)
+        return transforms.predict_rows(objects["model"], objects["transform"], batch, chunk)
+
+    def typed(fn, returns):  # pandas_udf reads the argument's kind from the type hints: one Series, or several
+        fn.__annotations__ = {"batches": Iterator[Tuple[pd.Series, ...] if len(names) > 1 else pd.Series],
+                              "return": Iterator[returns]}
+        return fn
+
     if kind in (CLASSIFY, BINARY):
-        def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        def predict(batches):
             module = worker_module(key, payload, use_gpu)
             for features in batches:
-                out = predict_chunks(module, features, chunk)
+                out = outputs(module, features)
                 if len(out) == 0:
                     yield pd.DataFrame({"prediction": pd.Series([], dtype="float64"),
                                         "raw": pd.Series([], dtype="object")})
@@ -116,25 +139,27 @@ def make_predict_udf(key: str, payload: bytes, kind: str, use_gpu: bool, chunk: 
                 if kind == BINARY:  # Spark's binary convention: rawPrediction = [-margin, margin]
                     out = np.concatenate([-out, out], axis=1)
                 yield pd.DataFrame({"prediction": out.argmax(axis=1).astype("float64"), "raw": list(out)})
-        return pandas_udf(predict, "prediction double, raw array<double>")
+        return pandas_udf(typed(predict, pd.DataFrame), "prediction double, raw array<double>")
 
-    def regress(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+    def regress(batches):
         module = worker_module(key, payload, use_gpu)
         for features in batches:
-            out = predict_chunks(module, features, chunk)
+            out = outputs(module, features)
             if kind == REGRESS:
                 yield pd.Series(out[:, 0] if len(out) else [], dtype="float64")
             else:
                 yield pd.Series(list(out), dtype="object")
-    return pandas_udf(regress, "double" if kind == REGRESS else "array<double>")
+    return pandas_udf(typed(regress, pd.Series), "double" if kind == REGRESS else "array<double>")
 
 
 class TorchModel(Model, TorchParams, TorchPersistence):
     """A trained torch module as a Spark ML Model (made by :meth:`TorchEstimator.fit`, or directly around a
     trained module: ``TorchModel(model=module, featuresCol=..., loss="mse")``).
 
-    ``transform(df)`` reads the same ``featuresCol`` as training (vector, array, or list of numeric columns)
-    and adds, by ``loss``:
+    ``transform(df)`` reads the same ``featuresCol`` as training (vector, array, or list of numeric columns; or,
+    with ``transformFn`` / ``inferenceTransformFn`` set, any columns those take: each Arrow batch becomes the
+    batch the loader gives, and ``inferenceTransformFn`` (else ``transformFn``) and the module run on
+    ``batchSize`` rows of it at a time) and adds, by ``loss``:
 
     - ``cross_entropy``: ``predictionCol`` (the arg-max class, double) and ``rawPredictionCol`` (the
       outputs, an ML vector), as Spark's classifiers do;
@@ -146,17 +171,25 @@ class TorchModel(Model, TorchParams, TorchPersistence):
     ``val_loss`` / ``val_accuracy`` with validation); ``trainingPath()`` how the ranks trained (DDP, or replicas
     without DDP for a small CPU model; the gradient averaging; the optimizer).
 
-    Raises (from ``transform``, before any job): :class:`spark_dist.ConfigError` when ``model`` is not set,
-    a feature column is missing or not numeric, or an output column already exists.
+    ``transform`` works on streaming DataFrames too. There, a model made around a module (not by ``fit``)
+    whose loss is not ``cross_entropy`` must know its number of outputs first: from a feature width the schema
+    tells, or from one ``transform`` of a batch DataFrame (which asks the module on its first rows).
+
+    Raises (from ``transform``, before any job but that one): :class:`spark_dist.ConfigError` when ``model`` is
+    not set, a feature column is missing or not numeric (without a transform), an output column already exists,
+    the number of outputs cannot be known on a stream, or the transform or module fails on the first rows. A
+    null feature value, or a transform failing on a later batch, fails the Spark task that meets it.
     """
 
     @keyword_only
     def __init__(self, *, model=None, featuresCol="features", predictionCol="prediction",
-                 rawPredictionCol="rawPrediction", loss="cross_entropy", useGpu=False, batchSize=32):
+                 rawPredictionCol="rawPrediction", loss="cross_entropy", useGpu=False, batchSize=32,
+                 transformFn=None, inferenceTransformFn=None):
         super().__init__()
         self._history: List[Dict[str, Any]] = []
         self._num_features: Optional[int] = None
         self._num_outputs: Optional[int] = None
+        self._feature_kinds: Dict[str, str] = {}  # a transform's columns, as the fit's cache measured them
         self._training_path: Dict[str, str] = {}
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -190,19 +223,35 @@ class TorchModel(Model, TorchParams, TorchPersistence):
     # -- persistence --------------------------------------------------------------------------------------
     def _extra_metadata(self) -> Dict[str, Any]:
         return {"history": self._history, "numFeatures": self._num_features, "numOutputs": self._num_outputs,
-                "trainingPath": self._training_path}
+                "trainingPath": self._training_path, "featureKinds": self._feature_kinds}
 
     def _load_extra_metadata(self, metadata: Dict[str, Any]) -> None:
         self._history = list(metadata.get("history") or [])
         self._num_features = metadata.get("numFeatures")
         self._num_outputs = metadata.get("numOutputs")
         self._training_path = dict(metadata.get("trainingPath") or {})
+        self._feature_kinds = dict(metadata.get("featureKinds") or {})
 
     # -- transform ----------------------------------------------------------------------------------------
-    def _outputs(self, dataset, module, features) -> int:
+    def _outputs(self, dataset, module, features, fn, kinds) -> Optional[int]:
+        """The model's outputs per row, where ``transform`` needs them (``None`` where it does not, for
+        ``cross_entropy`` on a stream); asked of the module, on the first rows when nothing else tells."""
         if self._num_outputs is not None and (features.width is None or features.width == self._num_features):
             return self._num_outputs
         width = features.width or self._num_features
+        if width is None and dataset.isStreaming:  # no row to look at before the query starts
+            if self.getLoss() == "cross_entropy":
+                return None  # one class per output, however many: the UDF's type does not depend on it
+            raise ConfigError(f"loss={self.getLoss()!r} on a streaming DataFrame: the model's number of outputs is "
+                              "not known (a model from fit, or featuresCol with a known width, tells it): "
+                              "transform a batch DataFrame first, or use a model from TorchEstimator.fit")
+        if fn is not None:
+            param = "inferenceTransformFn" if self.isSet(self.inferenceTransformFn) else "transformFn"
+            sampled = transform_inputs.sample(dataset, features, kinds)
+            outputs = transform_inputs.sample_outputs(module, fn, sampled, kinds, param)
+            if outputs is not None:  # kept (until setModel): a stream's transform can use it
+                self._num_outputs = outputs
+            return outputs or 1
         if width is None:  # a model made around a module, on a vector/array column without size metadata
             names = dataset.columns
             row = inputs.by_position(dataset).select(features.width_column(names)).first()
@@ -217,19 +266,30 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         module = self.getModel()
         if module is None:
             raise ConfigError("model is not set: TorchModel(model=<torch.nn.Module>) or setModel")
-        features = inputs.features_of(dataset.schema, self.featureColumns())
-        kind = output_kind(self.getLoss(), self._outputs(dataset, module, features))
+        fn = self.getInferenceTransformFn()
+        kinds = None
+        if fn is None:
+            features = inputs.features_of(dataset.schema, self.featureColumns())
+        else:
+            features = transform_inputs.features_for_transform(dataset.schema, self.featureColumns())
+            kinds = transform_inputs.schema_kinds(dataset.schema, features.columns, self._feature_kinds)
+        kind = output_kind(self.getLoss(), self._outputs(dataset, module, features, fn, kinds))
         prediction, raw = self.getPredictionCol(), self.getRawPredictionCol()
         added = [("predictionCol", prediction)] + ([("rawPredictionCol", raw)] if kind in (CLASSIFY, BINARY) else [])
         for param, name in added:
             if name in dataset.columns:
                 raise ConfigError(f"{param}: the DataFrame already has a column {name!r}; choose another name")
-        payload = dumps(module)
+        payload = dumps(module if fn is None else {"model": module, "transform": fn})
         key = hashlib.sha256(payload).hexdigest()
-        udf = make_predict_udf(key, payload, kind, self.getUseGpu(), max(CHUNK_ROWS, self.getBatchSize()))
+        # A transform's output may be large per row (decoded images): batchSize rows at a time, as in training.
+        chunk = self.getBatchSize() if fn is not None else max(CHUNK_ROWS, self.getBatchSize())
+        udf = make_predict_udf(key, payload, kind, self.getUseGpu(), chunk, kinds)
         # SQL text over the columns by position, renamed back after (spark_dist.data.schema.sql, by_position).
         names = dataset.columns
-        scores = udf(features.array_column(names))
+        if fn is None:
+            scores = udf(features.array_column(names))
+        else:
+            scores = udf(*transform_inputs.udf_columns(features, names, kinds))
         # The new columns, named by the positions after the user's until renamed.
         scores_at, raw_at, prediction_at = (inputs.position(len(names) + i) for i in range(3))
         if kind in (REGRESS, VECTOR_OUT):

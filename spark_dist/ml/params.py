@@ -4,6 +4,10 @@ Shared names come from ``pyspark.ml.param.shared`` (``labelCol``, ``predictionCo
 ``seed``); ``featuresCol`` is redefined on top of ``HasFeaturesCol`` because it also takes a list of numeric
 columns. Each type converter raises ``TypeError`` for a value of the wrong type (Spark prefixes the Param's
 name) and :class:`spark_dist.ConfigError` for a value out of range, naming the Param.
+
+``transformFn`` and ``inferenceTransformFn`` turn columns a model cannot take as they are (``binary`` images,
+``string`` text, token sequences of varying length) into tensors; their contract is
+:mod:`spark_dist.ml.transforms`'. (Not ``transform``: that is the Model's method, and Params are attributes.)
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ LOSSES = ("cross_entropy", "mse", "bce_with_logits")
 OPTIMIZERS = ("adam", "sgd", "adamw")
 
 # Params whose values are Python objects rather than JSON: persistence keeps them in a file of their own.
-OBJECT_PARAMS = ("model", "loss", "optimizer")
+OBJECT_PARAMS = ("model", "loss", "optimizer", "transformFn", "inferenceTransformFn")
 
 
 # -- type converters (module-level: Params are copied, never pickled, but keep them importable) -----------
@@ -52,6 +56,12 @@ _to_loss = _choice_or_callable("loss", LOSSES)
 _to_optimizer = _choice_or_callable("optimizer", OPTIMIZERS)
 
 
+def _to_function(value):
+    if not callable(value):  # Spark's message names the Param
+        raise TypeError(f"need a callable (a batch dict -> the model's input), got {type(value).__name__}")
+    return value
+
+
 def _to_backend(value):
     text = TypeConverters.toString(value).strip().lower()
     if text not in BACKENDS:
@@ -71,11 +81,11 @@ def _to_columns(value) -> Union[str, List[str]]:
                     f"got {value!r}")
 
 
-def _positive_int(name: str):
+def _int_at_least(name: str, least: int = 1, why: str = ""):
     def convert(value):
         number = TypeConverters.toInt(value)
-        if number < 1:
-            raise ConfigError(f"{name}={value!r}: must be at least 1")
+        if number < least:
+            raise ConfigError(f"{name}={value!r}: must be at least {least}{why}")
         return number
     convert.__name__ = f"_to_{name}"
     return convert
@@ -103,11 +113,13 @@ def _to_warmup(value):
 
 
 class HasTorchFeaturesCol(HasFeaturesCol):
-    """``featuresCol``: an ML vector column, an array-of-numbers column, or a list of numeric columns."""
+    """``featuresCol``: an ML vector column, an array-of-numbers column, or a list of numeric columns; with a
+    ``transformFn``, one column or a list of columns of any kind the loader takes (binary, string, arrays)."""
 
     featuresCol: "Param[Union[str, List[str]]]" = Param(
         Params._dummy(), "featuresCol",
-        "features: an ML vector or array<number> column, or a list of numeric columns",
+        "features: an ML vector or array<number> column, or a list of numeric columns; with a transform, "
+        "column(s) of any kind it takes (binary, string, arrays of varying length, ...)",
         typeConverter=_to_columns)
 
 
@@ -126,15 +138,15 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
         typeConverter=_to_optimizer)
     batchSize: "Param[int]" = Param(
         Params._dummy(), "batchSize", "rows per batch on each rank (the global batch is batchSize x numProcesses)",
-        typeConverter=_positive_int("batchSize"))
+        typeConverter=_int_at_least("batchSize"))
     epochs: "Param[int]" = Param(Params._dummy(), "epochs", "passes over the training data",
-                                 typeConverter=_positive_int("epochs"))
+                                 typeConverter=_int_at_least("epochs"))
     learningRate: "Param[float]" = Param(
         Params._dummy(), "learningRate", "learning rate for one process (see scaleLearningRate)",
         typeConverter=_to_learning_rate)
     numProcesses: "Param[int]" = Param(
         Params._dummy(), "numProcesses", "training processes (Spark barrier tasks; one GPU each with useGpu)",
-        typeConverter=_positive_int("numProcesses"))
+        typeConverter=_int_at_least("numProcesses"))
     backend: "Param[str]" = Param(Params._dummy(), "backend", "'ddp' (PyTorch DDP) or 'horovod'",
                                   typeConverter=_to_backend)
     useGpu: "Param[bool]" = Param(Params._dummy(), "useGpu", "one GPU per process, NCCL for DDP",
@@ -155,6 +167,19 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
         typeConverter=_to_warmup)
     verbose: "Param[bool]" = Param(Params._dummy(), "verbose", "print each epoch's metrics on the driver",
                                    typeConverter=TypeConverters.toBoolean)
+    transformFn: "Param[Any]" = Param(
+        Params._dummy(), "transformFn",
+        "a callable: a batch of the featuresCol columns (dict of column -> list / tensor) -> the model's input "
+        "(a tensor, a tuple of tensors, or a dict of tensors); decode, tokenize, augment",
+        typeConverter=_to_function)
+    inferenceTransformFn: "Param[Any]" = Param(
+        Params._dummy(), "inferenceTransformFn",
+        "the transform for validation rows and TorchModel.transform (default: transformFn), e.g. without "
+        "random augmentation", typeConverter=_to_function)
+    transformWorkers: "Param[int]" = Param(
+        Params._dummy(), "transformWorkers",
+        "worker processes per training process that run transformFn (0: in the loader's thread)",
+        typeConverter=_int_at_least("transformWorkers", 0, " (0 runs the transform in the loader's thread)"))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -162,7 +187,7 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
         self._setDefault(
             featuresCol="features", loss="cross_entropy", optimizer="adam", batchSize=32, epochs=10,
             learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, validationFraction=0.0,
-            scaleLearningRate=True, warmupEpochs=1.0, verbose=False,
+            scaleLearningRate=True, warmupEpochs=1.0, verbose=False, transformWorkers=0,
             seed=zlib.crc32(type(self).__name__.encode()))
 
     # -- getters ------------------------------------------------------------------------------------------
@@ -209,6 +234,20 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
     def getVerbose(self) -> bool:
         return self.getOrDefault(self.verbose)
 
+    def getTransformFn(self):
+        """The ``transformFn`` callable; ``None`` if not set."""
+        return self.getOrDefault(self.transformFn) if self.isDefined(self.transformFn) else None
+
+    def getInferenceTransformFn(self):
+        """The transform of validation rows and of :meth:`TorchModel.transform`: ``inferenceTransformFn`` when
+        set, else ``transformFn`` (``None`` when neither is)."""
+        if self.isDefined(self.inferenceTransformFn):
+            return self.getOrDefault(self.inferenceTransformFn)
+        return self.getTransformFn()
+
+    def getTransformWorkers(self) -> int:
+        return self.getOrDefault(self.transformWorkers)
+
     def featureColumns(self) -> List[str]:
         """``featuresCol`` as a list of column names."""
         value = self.getFeaturesCol()
@@ -229,6 +268,15 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
 
     def setUseGpu(self, value: bool):
         return self._set(useGpu=value)
+
+    def setTransformFn(self, value):
+        return self._set(transformFn=value)
+
+    def setInferenceTransformFn(self, value):
+        return self._set(inferenceTransformFn=value)
+
+    def setTransformWorkers(self, value: int):
+        return self._set(transformWorkers=value)
 
 
 __all__ = ["TorchParams", "HasTorchFeaturesCol", "LOSSES", "OPTIMIZERS", "BACKENDS", "OBJECT_PARAMS"]

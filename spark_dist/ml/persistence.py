@@ -4,8 +4,9 @@ A saved stage is a directory:
 
 - ``metadata/``: Spark's JSON params file (``DefaultParamsWriter.saveMetadata``): class, uid, the Params
   that are JSON values, and extra fields (``objects``: the names kept in ``torch.pt``; for a model its
-  ``history``, ``numFeatures``, ``numOutputs``).
-- ``torch.pt``: the Params that are Python objects (``model``, and ``loss`` / ``optimizer`` when callables),
+  ``history``, ``numFeatures``, ``numOutputs``, ``featureKinds``).
+- ``torch.pt``: the Params that are Python objects (``model``, ``transformFn`` and ``inferenceTransformFn``,
+  and ``loss`` / ``optimizer`` when callables),
   written by ``torch.save`` with cloudpickle as the pickler: the module object with its weights, and the
   classes of modules that executors could not import (a notebook, a file beside it) by value.
 

@@ -33,6 +33,10 @@ class TrainSpec:
     seed: int
     has_validation: bool
     path: str = "ddp"              # training_path(...)["ranks"]: "replicas", "ddp" or "horovod"
+    # objects["transform"] (and "inference_transform" for the validation rows) turns each batch of the feature
+    # columns into the model's input (spark_dist.ml.transforms), in this many loader workers per rank.
+    transformed: bool = False
+    transform_workers: int = 0
 
 
 def learning_rate_at(step: int, base: float, world_size: int, warmup_steps: int, scale: bool) -> float:
@@ -115,12 +119,43 @@ def correct_count(loss, output, label):
     return None
 
 
-def _features(batch, spec: TrainSpec):
+def _inputs_and_labels(batch, spec: TrainSpec, device):
+    """The model's input and the labels of a batch, on ``device``."""
     import torch
 
+    from spark_dist.ml.transforms import to_device
+
+    if spec.transformed:  # what transforms.FitTransform made of the batch
+        return to_device(batch["inputs"], device), batch["label"].to(device)
     if spec.stack_features:
-        return torch.stack([batch[c] for c in spec.feature_columns], dim=1)
-    return batch[spec.feature_columns[0]]
+        x = torch.stack([batch[c] for c in spec.feature_columns], dim=1)
+    else:
+        x = batch[spec.feature_columns[0]]
+    return x.to(device), batch[spec.label_column].to(device)
+
+
+def _loaders(ctx, spec: TrainSpec, objects, dtypes) -> Dict[str, Any]:
+    """The rank's loaders, made once (a transform's workers then serve every epoch): ``"train"`` shuffled,
+    ``"val"`` (when there are validation rows) in order, every row once."""
+    from spark_dist.ml.transforms import FitTransform
+
+    columns = list(spec.feature_columns) + [spec.label_column]
+
+    def options(fn):
+        if not spec.transformed:
+            return {"columns": columns, "dtypes": dtypes}
+        return {"columns": columns, "dtypes": dtypes or None, "transform": FitTransform(fn, spec.label_column),
+                "workers": spec.transform_workers}
+
+    # Full batches when every rank has at least one; else one short batch per epoch (same size on all ranks).
+    drop_last = ctx.datasets["train"].num_rows // ctx.world_size >= spec.batch_size
+    loaders = {"train": ctx.loader("train", spec.batch_size, shuffle=True, seed=spec.seed % (2 ** 31),
+                                   drop_last=drop_last, **options(objects.get("transform")))}
+    if spec.has_validation:
+        fn = objects.get("inference_transform") or objects.get("transform")
+        loaders["val"] = ctx.loader("val", max(spec.batch_size, 256), shuffle=False, seed=0, drop_last=False,
+                                    **options(fn))
+    return loaders
 
 
 def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
@@ -132,6 +167,7 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
 
     from spark_dist import get_context
     from spark_dist.ml.gradients import Replicas
+    from spark_dist.ml.transforms import forward
 
     ctx = get_context()
     torch.manual_seed(spec.seed % (2 ** 63) + ctx.rank)  # dropout and friends differ per rank; weights start equal
@@ -170,19 +206,19 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
             dist.all_reduce(tensor)
         return tensor.cpu().tolist()
 
-    columns = list(spec.feature_columns) + [spec.label_column]
-    dtypes = {c: torch.float32 for c in spec.feature_columns}
+    # A transform's input is what the loader gives by default (it may not be numbers); the model's is float32.
+    dtypes = {} if spec.transformed else {c: torch.float32 for c in spec.feature_columns}
     if spec.loss != "callable":  # a callable gets the loader's default: int64 for integer labels, else float32
         dtypes[spec.label_column] = torch.int64 if spec.loss == "cross_entropy" else torch.float32
-    # Full batches when every rank has at least one; else one short batch per epoch (same size on all ranks).
-    drop_last = ctx.datasets["train"].num_rows // ctx.world_size >= spec.batch_size
     history: List[Dict[str, Any]] = []
     step = 0
+    loaders: Dict[str, Any] = {}
     try:
+        loaders = _loaders(ctx, spec, objects, dtypes)
+        loader = loaders["train"]
         for epoch in range(spec.epochs):
             model.train()
-            loader = ctx.loader("train", spec.batch_size, epoch=epoch, shuffle=True, seed=spec.seed % (2 ** 31),
-                                columns=columns, drop_last=drop_last, dtypes=dtypes)
+            loader.set_epoch(epoch)
             warmup_steps = int(round(spec.warmup_epochs * len(loader)))
             loss_sum = torch.zeros((), dtype=torch.float64)
             rows = 0
@@ -191,9 +227,9 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
                                       spec.scale_learning_rate)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                x, y = _features(batch, spec).to(device), batch[spec.label_column].to(device)
+                x, y = _inputs_and_labels(batch, spec, device)
                 optimizer.zero_grad()
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(forward(model, x), y)
                 loss.backward()
                 if average_gradients is not None:
                     average_gradients()
@@ -204,11 +240,13 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
             total, count = sum_over_ranks([float(loss_sum), float(rows)])
             record: Dict[str, Any] = {"epoch": epoch, "train_loss": total / max(count, 1.0), "learning_rate": lr}
             if spec.has_validation:
-                record.update(_validate(ctx, model, spec, loss_fn, columns, dtypes, device, sum_over_ranks))
+                record.update(_validate(model, spec, loss_fn, loaders["val"], device, sum_over_ranks))
             history.append(record)
             if ctx.rank == 0:
                 ctx.report(**record)
     finally:
+        for each in loaders.values():
+            getattr(each, "close", lambda: None)()  # a transform's worker processes
         if hvd is not None:
             hvd.shutdown()
         elif dist.is_initialized():
@@ -218,7 +256,7 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
     return {"state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()}, "history": history}
 
 
-def _validate(ctx, model, spec: TrainSpec, loss_fn, columns, dtypes, device, sum_over_ranks) -> Dict[str, float]:
+def _validate(model, spec: TrainSpec, loss_fn, loader, device, sum_over_ranks) -> Dict[str, float]:
     """Loss (and accuracy when the loss classifies) over the validation set, every rank its shard.
 
     ``drop_last=False`` so every row counts; the last ranks repeat at most ``world_size - 1`` rows to keep
@@ -226,14 +264,15 @@ def _validate(ctx, model, spec: TrainSpec, loss_fn, columns, dtypes, device, sum
     """
     import torch
 
+    from spark_dist.ml.transforms import forward
+
     model.eval()
     loss_sum, correct, rows = 0.0, 0.0, 0.0
     classifies = True
     with torch.no_grad():
-        for batch in ctx.loader("val", max(spec.batch_size, 256), shuffle=False, seed=0, columns=columns,
-                                drop_last=False, dtypes=dtypes):
-            x, y = _features(batch, spec).to(device), batch[spec.label_column].to(device)
-            output = model(x)
+        for batch in loader:
+            x, y = _inputs_and_labels(batch, spec, device)
+            output = forward(model, x)
             loss_sum += float(loss_fn(output, y)) * len(y)
             hits = correct_count(spec.loss, output, y)
             classifies = hits is not None

@@ -381,6 +381,19 @@ def bad_inputs(spark):
     }
 
 
+def refused_fit_jobs(spark, est, df, message) -> list:
+    """The Spark jobs of ``est.fit(df)``, which must raise a ConfigError matching ``message``."""
+    sc = spark.sparkContext
+    group = f"bad-input-{time.monotonic_ns()}"
+    sc.setJobGroup(group, message)
+    try:
+        with pytest.raises(ConfigError, match=message):
+            est.fit(df)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return sc.statusTracker().getJobIdsForGroup(group)
+
+
 @pytest.mark.parametrize("case", ["model not set", "missing feature column", "missing label column",
                                   "non-numeric feature column", "labels out of range", "too many processes",
                                   "model and features disagree", "model and feature columns disagree",
@@ -389,15 +402,7 @@ def bad_inputs(spark):
                                   "no validation rows"])
 def test_bad_input_is_named_before_any_training_job(spark_local, case):
     est, df, message = bad_inputs(spark_local)[case]
-    sc = spark_local.sparkContext
-    group = f"bad-input-{time.monotonic_ns()}"
-    sc.setJobGroup(group, case)
-    try:
-        with pytest.raises(ConfigError, match=message):
-            est.fit(df)
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    jobs = sc.statusTracker().getJobIdsForGroup(group)
+    jobs = refused_fit_jobs(spark_local, est, df, message)
     # Schema errors: no job at all. The others: only the job that writes the dataset cache and measures the
     # label range and feature width as it goes; never a training job.
     measured = ("labels out of range", "model and features disagree", "null labels", "features of unequal width",
