@@ -134,7 +134,7 @@ def main(argv=None) -> int:
           "held-out accuracy | the evaluation after the first fit, median |")
     print("|---|---:|---|---:|---|---:|")
     labels = {"then": f"{args.against} (when #17 was filed)" if args.against == FILED_AT else args.against,
-              "now": "this code (a plain session: spark_dist_daemon from its first fit)",
+              "now": "this code (a plain session: PySpark's own daemon)",
               "now_options": "this code, opted into spark_dist_daemon (as spark-dist run does)"}
     for which in kinds:
         label = labels[which]

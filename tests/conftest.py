@@ -50,9 +50,6 @@ os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
     p for p in [os.environ.get("JAVA_TOOL_OPTIONS", ""), "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                 "-XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
                 f"-Djava.io.tmpdir={RUN_TEMP_DIR}"] if p)
-# spark_dist's own cache (JVM class archives) in a directory of this run: `spark-dist run` in the tests must
-# not pick up an archive that a benchmark built in the user's cache. Removed with the run's temp directory.
-os.environ["SPARK_DIST_CACHE"] = tempfile.mkdtemp(prefix="spark_dist-test-cache-", dir=RUN_TEMP_DIR)
 # cloudpickle pickles functions of test modules by reference ("test_x.f"): Python workers of every
 # set-up (they inherit the JVM's environment) must be able to import tests/*.py and tests/<kind>/*.py too.
 _tests_dir = os.path.dirname(os.path.abspath(__file__))
@@ -227,7 +224,7 @@ def _no_leaked_processes():
     from spark_dist.host import tempdirs
 
     tempdirs.sweep("rank")
-    shutil.rmtree(RUN_TEMP_DIR, ignore_errors=True)  # spark_dist's cache (SPARK_DIST_CACHE) with it
+    shutil.rmtree(RUN_TEMP_DIR, ignore_errors=True)
     if leaks:
         msg = describe(leaks)
         for p in leaks:  # all of them were started by this session (descendant or marker)

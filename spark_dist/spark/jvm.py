@@ -80,9 +80,3 @@ def python_workers_started(sc) -> bool:
         if arguments.isPresent() and "-m" in list(arguments.get()):
             return True
     return False
-
-
-def set_context_conf(sc, key: str, value: str) -> None:
-    """Set ``key`` in the running SparkContext's own conf (``sc.getConf()`` is a copy), which Spark's driver and,
-    on a local master, its executors read at use. Only for keys Spark reads at use, not at start."""
-    sc._jsc.sc().conf().set(key, value)

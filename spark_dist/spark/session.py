@@ -57,15 +57,6 @@ def conf_snapshot(spark, runtime_keys: Iterable[str] = ()) -> Dict[str, str]:
     return conf
 
 
-def set_context_conf(spark, key: str, value: str) -> None:
-    """Set ``key`` in a classic session's running SparkContext conf (:func:`spark_dist.spark.jvm.set_context_conf`: only
-    for keys Spark reads at use), and in :func:`conf_snapshot`'s copy of it."""
-    sc = spark.sparkContext
-    jvm.set_context_conf(sc, key, value)
-    if sc.applicationId in _context_conf_cache:
-        _context_conf_cache[sc.applicationId][key] = value
-
-
 def master(spark) -> str:
     return spark.conf.get("spark.master", "") if is_connect(spark) else spark.sparkContext.master
 
