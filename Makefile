@@ -6,7 +6,7 @@ LINES ?= 4 3.5
 SPARK_LINE ?= 4
 venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env env35 demo test bench docs clean
+.PHONY: env env35 env-mosaic demo test bench docs clean
 env:
 	@bash scripts/setup_env.sh 4
 
@@ -22,7 +22,7 @@ test:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@bash scripts/test_lines.sh $(LINES)
 
-BENCHES := launch connect data scaling steady horovod ml history recovery rendezvous
+BENCHES := launch connect data scaling steady horovod ml history recovery rendezvous images
 bench:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@for line in $(LINES); do for b in $(BENCHES); do \
@@ -33,6 +33,22 @@ bench-%:
 	@bash scripts/setup_env.sh $(SPARK_LINE)
 	$(call venv,$(SPARK_LINE))/bin/python bench/bench_$*.py --out bench/results/$*-spark$(SPARK_LINE).json
 
+# Mosaic Streaming for bench_images.py, in an environment of its own: mosaicml-streaming 0.13 wants numpy < 2.2,
+# transformers < 5 and torchvision, which neither line's pins allow. torch is the CPU build, named with its
+# local version so that pip can never take a CUDA one; torchvision and Mosaic come without their dependencies
+# (PyPI's torchvision would pull torch again; Mosaic's cloud clients are not needed to read local shards).
+MOSAIC_DEPS := torch==2.13.0+cpu numpy==2.1.3 pillow==13.0.0 pyarrow==26.0.1 transformers==4.57.6 xxhash==3.8.2 \
+  zstd==1.5.7.2 python-snappy==0.7.3 Brotli==1.2.1 catalogue==2.0.10
+MOSAIC_NO_DEPS := mosaicml-streaming==0.13.0 torchvision==0.28.0
+bench-images: env-mosaic
+env-mosaic:
+	@if [ "$$(cat .venv-mosaic/.stamp 2>/dev/null)" != "$(MOSAIC_DEPS) $(MOSAIC_NO_DEPS)" ]; then \
+	  echo "setup: building .venv-mosaic (Mosaic Streaming, for bench_images.py)"; \
+	  python3 -m venv .venv-mosaic && \
+	  .venv-mosaic/bin/python -m pip install -q --disable-pip-version-check $(MOSAIC_DEPS) && \
+	  .venv-mosaic/bin/python -m pip install -q --disable-pip-version-check --no-deps $(MOSAIC_NO_DEPS) && \
+	  echo "$(MOSAIC_DEPS) $(MOSAIC_NO_DEPS)" > .venv-mosaic/.stamp; fi
+
 # The notebooks (notebooks/01_... to 05_...) in Jupyter, on a kernel of the SPARK_LINE's environment: the kernel
 # is registered for your user as "spark_dist (Spark 4)" (or 3.5), so any Jupyter can pick it. Jupyter itself is
 # not in the pinned environments; when the environment has JupyterLab, it starts here on loopback.
@@ -42,4 +58,4 @@ docs:
 	$(call venv,$(SPARK_LINE))/bin/python -m jupyter lab notebooks/ --ip 127.0.0.1 --no-browser
 
 clean:
-	rm -rf .venv .venv-spark35 build *.egg-info
+	rm -rf .venv .venv-spark35 .venv-mosaic build *.egg-info

@@ -63,10 +63,11 @@ def decode_augment(batch):
     return {"image": torch.stack(images), "label": torch.as_tensor(batch["label"])}
 
 
-def make_batches(images: int, size: int, batch_size: int) -> list:
+def make_jpegs(images: int, size: int, seed: int = 0) -> list:
+    """``images`` random ``size`` x ``size`` RGB JPEGs (quality 90), as bytes."""
     from PIL import Image
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     jpegs = []
     for _ in range(images):
         buf = io.BytesIO()
@@ -74,8 +75,18 @@ def make_batches(images: int, size: int, batch_size: int) -> list:
         small = rng.integers(0, 256, (size // 8, size // 8, 3), dtype=np.uint8)
         Image.fromarray(small).resize((size, size), Image.BILINEAR).save(buf, format="JPEG", quality=90)
         jpegs.append(buf.getvalue())
-    return [{"image": jpegs[i:i + batch_size], "label": np.arange(i, min(i + batch_size, images))}
-            for i in range(0, images, batch_size)]
+    return jpegs
+
+
+def batched(jpegs: list, batch_size: int) -> list:
+    """``jpegs`` in batches as a loader gives a ``binary`` column: ``image`` -> list of bytes, ``label`` -> numpy
+    array (the row's index)."""
+    return [{"image": jpegs[i:i + batch_size], "label": np.arange(i, min(i + batch_size, len(jpegs)))}
+            for i in range(0, len(jpegs), batch_size)]
+
+
+def make_batches(images: int, size: int, batch_size: int) -> list:
+    return batched(make_jpegs(images, size), batch_size)
 
 
 def _one_thread():

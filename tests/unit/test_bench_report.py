@@ -70,3 +70,12 @@ def test_a_results_file_no_section_reads_is_still_listed(report, capsys, tmp_pat
     page = page_of(report, capsys, "--results", str(tmp_path))
     assert "## Failure detection and recovery" in page and "## Other results files" in page
     assert any("newbench-spark4.json" in line and "2030-01-02" in line for line in page.splitlines())
+
+
+def test_the_images_section_and_its_goals_read_bench_images_results(report, capsys, tmp_path):
+    shutil.copy(os.path.join(RESULTS, "images-spark4.json"), tmp_path)
+    page = page_of(report, capsys, "--results", str(tmp_path))
+    section = page.split("## Images and text", 1)[1].split("\n## ", 1)[0]
+    assert "n/a" not in section and "spark_dist / ceiling" in section
+    goals = [line for line in page.splitlines() if line.startswith("| Images: spark_dist loader / Mosaic")]
+    assert goals and ("met" in goals[0] or "missed" in goals[0])
