@@ -8,11 +8,10 @@ have (their converter, a Petastorm dataset's URL) is described the same way, but
 (:mod:`.petastorm_inputs`).
 """
 import os
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..spark import python_workers, session
+from ..spark import session
 from . import petastorm_inputs
 from .checks import _aggregate_cache, _enough_rows, _judge, unequal_lengths
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
@@ -21,9 +20,6 @@ from .registry import (_Entry, _add, _app_id, _delete, _done_writing, _evict, _f
                        _register_cleanup, clear_cache, in_use, preparing)
 from .schema import ARRAY, SCALAR, SEQUENCE, column_kinds
 from .write import _materialise
-
-# What a training run's barrier task and its ranks (forked from the task's Python worker) import first.
-RUN_MODULES = ("torch", "spark_dist.task.barrier_task")
 
 
 def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_ranges: Iterable[str] = (),
@@ -88,10 +84,8 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_rang
             raise TypeError(f"datasets[{name!r}] must be a pyspark.sql.DataFrame (or a DatasetHandle, a Petastorm "
                             f"SparkDatasetConverter or a Petastorm dataset's URL), got {type(df).__name__}")
         kinds[name] = column_kinds(name, df)
-    writes = any(name not in sources for name in kinds)  # a DataFrame: its cache may be written
-    # A write's planning and its JVM job leave the run's Python workers time to start beside them.
-    workers = python_workers.started_meanwhile(spark, RUN_MODULES, num_ranks) if writes else nullcontext()
-    with preparing() as held, workers:  # before the parent dir is chosen: clear_cache must not remove it meanwhile
+    with preparing() as held:  # before the parent dir is chosen: clear_cache must not remove it meanwhile
+        writes = any(name not in sources for name in kinds)  # a DataFrame: its cache may be written
         parent_url = _parent_url(spark) if writes else ""
         if writes:
             _check_reachable(spark, parent_url)

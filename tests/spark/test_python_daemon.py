@@ -95,14 +95,8 @@ OWN_SESSION = textwrap.dedent("""
     model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     fitted = TorchEstimator(model=model, loss=checked_loss, numProcesses=2, epochs=2, batchSize=8).fit(df)
     report["path"] = fitted.trainingPath()
-    def jobs():  # (submitted at, description or call site), in the order they were submitted
-        listed = sc._jsc.sc().statusStore().jobsList(None)
-        return sorted((j.submissionTime().get().getTime(), str(j.description().get()) if j.description().isDefined()
-                       else j.name()) for j in (listed.apply(i) for i in range(listed.size())))
-    report["jobs_of_fit"] = [name for _, name in jobs()]
     report["key_after_fit"] = key()
     report["ranks"] = Distributor(num_processes=2).run(ranks)
-    report["jobs_of_run"] = [name for _, name in jobs()][len(report["jobs_of_fit"]):]
     report["squares"] = [r[0] for r in spark.range(4).select(udf(lambda x: x * x, "long")("id")).collect()]
     report["workers"] = sc.parallelize(range(2), 2).mapPartitions(origins).collect()
     children = [c.info().arguments() for c in sc._jvm.java.lang.ProcessHandle.current().children().toArray()]
@@ -134,19 +128,6 @@ def test_a_users_own_session_is_not_changed_by_a_fit_or_a_run(own_session):
     assert own_session["conf_after"] is None
     assert [w["daemon"] for w in own_session["workers"]] == ["pyspark.daemon"] * 2
     assert {args[args.index("-m") + 1] for args in own_session["daemons"] if "-m" in args} == {"pyspark.daemon"}
-
-
-def test_a_first_fit_starts_the_python_workers_beside_its_cache_write(own_session):
-    """The session's first Python job is the fit's own, named in the UI, submitted before the cache write so
-    that the daemon's start overlaps it (spark_dist.spark.python_workers); once per application: the run after
-    it starts none. The session's conf is unchanged (the test above)."""
-    from spark_dist.spark.python_workers import DESCRIPTION
-
-    fit = own_session["jobs_of_fit"]
-    assert fit.count(DESCRIPTION) == 1
-    write = next(i for i, name in enumerate(fit) if name.startswith("parquet at"))
-    assert fit.index(DESCRIPTION) < write
-    assert DESCRIPTION not in own_session["jobs_of_run"] and len(own_session["jobs_of_run"]) == 1
 
 
 def test_a_fit_on_the_replicas_path_does_not_import_torch_dynamo(own_session):
