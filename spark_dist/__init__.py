@@ -9,7 +9,17 @@ from .driver.distributor import Distributor  # noqa: E402
 from .dropins import HorovodRunner, TorchDistributor  # noqa: E402
 
 __all__ = [
-    "Distributor", "TorchDistributor", "HorovodRunner", "get_context", "TrainContext", "log_to_driver",
-    "TrainingFailedError", "RunTimeoutError", "ConfigError", "ClusterConfigError", "RankFailure",
+    "Distributor", "TorchDistributor", "HorovodRunner", "predict_batch_udf", "get_context", "TrainContext",
+    "log_to_driver", "TrainingFailedError", "RunTimeoutError", "ConfigError", "ClusterConfigError", "RankFailure",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # predict_batch_udf on first use: it imports pandas and pyspark.sql, which a rank importing spark_dist
+    # does not need.
+    if name == "predict_batch_udf":
+        from .inference import predict_batch_udf
+
+        return predict_batch_udf
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

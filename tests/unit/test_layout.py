@@ -19,7 +19,8 @@ LAYERS = [
     ["spark_dist.data", "spark_dist.backends"],
     ["spark_dist.task", "spark_dist.context"],
     ["spark_dist.driver"],
-    ["spark_dist.ml", "spark_dist.tune", "spark_dist.dropins", "spark_dist.cli", "spark_dist.__main__"],
+    ["spark_dist.ml", "spark_dist.inference", "spark_dist.tune", "spark_dist.dropins", "spark_dist.cli",
+     "spark_dist.__main__"],
 ]
 
 

@@ -1,0 +1,215 @@
+"""spark_dist.predict_batch_udf against PySpark's, without a JVM: both UDFs' bodies (``udf.func``) run on the
+pandas batches a scalar-iterator pandas UDF receives (a Series per column, a DataFrame for a struct, a tuple for
+several arguments), and must yield the same pandas objects (values and dtypes) or fail with the same error.
+tests/spark/test_predict_batch_udf_parity.py runs the UDFs in Spark."""
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.ml.functions import predict_batch_udf as pyspark_udf
+from pyspark.sql.types import (
+    ArrayType, BooleanType, DoubleType, FloatType, LongType, StringType, StructField, StructType,
+)
+
+from spark_dist import ConfigError, predict_batch_udf
+from spark_dist.inference import cache
+
+SUMS = StructType([StructField("sum1", DoubleType()), StructField("sum2", DoubleType())])
+DOUBLED = StructType([StructField("t1x2", ArrayType(DoubleType())), StructField("t2x2", ArrayType(DoubleType()))])
+
+
+def rows(n, width, start=0.0):
+    """An array column as Spark's Arrow conversion gives it: an object Series of 1-D float64 arrays."""
+    return pd.Series([np.arange(width, dtype=np.float64) + start + i for i in range(n)])
+
+
+def scalars(n, dtype=np.float64):
+    return pd.Series(np.arange(n).astype(dtype))
+
+
+def fn(predict):
+    return lambda: predict
+
+
+# (name, predict, batches (each as the UDF receives it), return type, batch size, input_tensor_shapes)
+CASES = [
+    ("scalar", lambda x: x * 2, [scalars(7)], FloatType(), 3, None),
+    ("scalar_2d_output", lambda x: (x * 2).reshape(-1, 1), [scalars(5, np.int64)], LongType(), 2, None),
+    ("tensor_sum", lambda x: x.sum(axis=1), [rows(6, 4)], DoubleType(), 4, [[4]]),
+    ("tensor_reshape", lambda x: x.reshape(len(x), -1) * (x.shape[1:] == (2, 2)), [rows(5, 4)],
+     ArrayType(DoubleType()), 2, [[2, 2]]),
+    ("two_scalar_inputs", lambda a, b: a + b, [(scalars(5), scalars(5, np.int64))], DoubleType(), 2, None),
+    ("struct_of_columns", lambda a, b: {"sum1": a.sum(1), "sum2": b.sum(1)}, [(rows(5, 4), rows(5, 3))], SUMS, 2,
+     [[4], [3]]),
+    ("struct_of_arrays", lambda a, b: {"t1x2": a * 2, "t2x2": b * 2}, [(rows(5, 4), rows(5, 3))], DOUBLED, 3,
+     [[4], [3]]),
+    ("list_of_dicts", lambda a, b: [{"sum1": a[i].sum(), "sum2": b[i].sum()} for i in range(len(a))],
+     [(rows(5, 4), rows(5, 3))], SUMS, 2, [[4], [3]]),
+    ("list_of_dicts_arrays", lambda a, b: [{"t1x2": a[i] * 2, "t2x2": b[i] * 2} for i in range(len(a))],
+     [(rows(4, 4), rows(4, 3))], DOUBLED, 3, [[4], [3]]),
+    ("sparse_shapes", lambda a, b: a + b.sum(1), [(scalars(5), rows(5, 3))], DoubleType(), 2, {1: [3]}),
+    ("struct_argument", lambda x: x.sum(1), [pd.DataFrame({"a": scalars(5), "b": scalars(5, np.int64)})],
+     DoubleType(), 2, [[2]]),
+    ("strings", lambda s: np.array([v.upper() for v in s]), [pd.Series(["a", "bc", "def"])], StringType(), 2, None),
+    ("two_arrow_batches", lambda x: x.sum(1), [rows(3, 2), rows(4, 2, 10)], DoubleType(), 2, [[2]]),
+    # errors, raised alike
+    ("tensor_without_shapes", lambda x: x, [rows(3, 4)], DoubleType(), 2, None),
+    ("too_many_columns", lambda a, b: a, [(scalars(3), scalars(3), scalars(3))], DoubleType(), 2, None),
+    ("columns_for_one_input", lambda x: x, [(scalars(3), scalars(3))], DoubleType(), 2, None),
+    ("tensors_for_one_input", lambda x: x, [(rows(3, 2), rows(3, 2))], DoubleType(), 2, [[2], [2]]),
+    ("scalar_of_three", lambda x: np.stack([x, x, x], 1), [scalars(3)], DoubleType(), 2, None),
+    ("short_output", lambda x: x[:-1], [scalars(4)], DoubleType(), 4, None),
+    ("array_of_1d", lambda x: x.sum(1), [rows(3, 2)], ArrayType(DoubleType()), 2, [[2]]),
+    # PySpark fails; we take a list as np.asarray (LENIENT)
+    ("array_of_list", lambda x: [[1.0, 2.0]] * len(x), [scalars(3)], ArrayType(DoubleType()), 2, None),
+    ("extra_field", lambda x: {"sum1": x, "sum2": x, "more": x}, [scalars(3)], SUMS, 2, None),
+    ("struct_of_a_1d_array", lambda x: {"t1x2": x, "t2x2": x}, [scalars(3)], DOUBLED, 2, None),
+    ("struct_of_a_2d_scalar", lambda x: {"sum1": x[:, None], "sum2": x}, [scalars(3)], SUMS, 2, None),
+    ("struct_of_an_array", lambda x: x, [scalars(3)], SUMS, 2, None),
+    ("rows_of_a_2d_array", lambda x: [{"t1x2": np.ones((2, 2)), "t2x2": np.ones(2)}] * len(x), [scalars(3)],
+     DOUBLED, 2, None),
+    ("rows_of_an_array_scalar", lambda x: [{"sum1": np.ones(2), "sum2": 1.0}] * len(x), [scalars(3)], SUMS, 2,
+     None),
+    ("wrong_shape", lambda x: x, [rows(3, 4)], DoubleType(), 3, [[3]]),
+    ("shapes_for_columns", lambda a, b: a, [(rows(3, 2), scalars(3))], DoubleType(), 2, [[2]]),
+    ("shape_of_a_scalar", lambda x: x, [scalars(3)], DoubleType(), 2, [[2]]),
+    ("two_shapes_one_input", lambda x: x.sum(1), [rows(3, 2)], DoubleType(), 2, [[2], [2]]),
+    ("struct_argument_shape", lambda x: x.sum(1), [pd.DataFrame({"a": scalars(3), "b": scalars(3)})], DoubleType(),
+     2, [[3]]),
+    ("unsupported_type", lambda x: x > 1, [scalars(3)], BooleanType(), 2, None),
+    ("ragged_with_shape", lambda x: x.sum(1), [pd.Series([np.ones(2), np.ones(3)])], DoubleType(), 2, [[2]]),
+]
+
+
+def run(make, case):
+    _, predict, batches, return_type, batch_size, shapes = case
+    udf = make(fn(predict), return_type=return_type, batch_size=batch_size, input_tensor_shapes=shapes)
+    try:
+        return "ok", [comparable(out) for out in udf.func(iter(batches))]
+    except Exception as e:  # noqa: BLE001
+        return "error", (type(e), str(e))
+
+
+def comparable(out):
+    """Values and dtypes of a yielded Series or DataFrame, arrays as lists."""
+    def plain(v):
+        return v.tolist() if isinstance(v, np.ndarray) else v
+    if isinstance(out, pd.DataFrame):
+        return ({c: [plain(v) for v in out[c]] for c in out.columns}, {c: str(out[c].dtype) for c in out.columns})
+    return [plain(v) for v in out], str(out.dtype)
+
+
+LENIENT = {"array_of_list"}  # PySpark fails, we do not (docs/inference.md)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_same_output_or_error_as_pyspark(case):
+    theirs, ours = run(pyspark_udf, case), run(predict_batch_udf, case)
+    if case[0] in LENIENT:
+        assert theirs[0] == "error" and ours[0] == "ok", (theirs, ours)
+        return
+    if theirs[0] == "ok":
+        assert ours == theirs
+        return
+    assert ours[0] == "error", ours
+    their_type, their_message = theirs[1]
+    our_type, our_message = ours[1]
+    if case[0] in ("extra_field",):  # same message; we also name a missing field with it (PySpark: KeyError)
+        assert our_message == their_message
+    assert issubclass(our_type, their_type) and our_message.startswith(their_message.split(": all the")[0]), \
+        (ours, theirs)
+
+
+def test_an_array_column_with_no_shape_passes_its_rows_as_they_are():
+    ragged = pd.Series([np.ones(2), np.ones(3), np.ones(1)])
+    seen = []
+
+    def predict(x):
+        seen.append(x)
+        return np.array([len(r) for r in x])
+
+    for shapes in ([None], {}):
+        udf = predict_batch_udf(fn(predict), return_type=LongType(), batch_size=2, input_tensor_shapes=shapes)
+        assert [o.tolist() for o in udf.func(iter([ragged]))] == [[2, 3], [1]]
+    assert seen[0].dtype == object and len(seen[0]) == 2
+    # With several inputs PySpark already does so; a one-input predict fails there.
+    with pytest.raises((TypeError, ValueError)):
+        list(pyspark_udf(fn(predict), return_type=LongType(), batch_size=2, input_tensor_shapes=[None])
+             .func(iter([ragged])))
+
+
+def test_binary_and_string_columns_reach_predict_as_objects():
+    texts, blobs = pd.Series(["a", "bb", "c"], dtype=object), pd.Series([b"\x00\x01", b"", b"xyz"])
+
+    def predict(t, b):
+        assert b.dtype == object and all(isinstance(v, bytes) for v in b)
+        return np.array([len(s) * 10 + len(v) for s, v in zip(t, b)])
+
+    udf = predict_batch_udf(fn(predict), return_type=LongType(), batch_size=2)
+    assert [o.tolist() for o in udf.func(iter([(texts, blobs)]))] == [[12, 20], [13]]
+
+
+def test_torch_outputs_and_empty_batches():
+    import torch
+
+    def predict(x):
+        t = torch.tensor(x)
+        return {"sum1": t * 2, "sum2": t + 1}
+
+    udf = predict_batch_udf(fn(predict), return_type=SUMS, batch_size=4)
+    out = list(udf.func(iter([scalars(0), scalars(3)])))
+    assert len(out) == 1 and out[0].to_dict("list") == {"sum1": [0.0, 2.0, 4.0], "sum2": [1.0, 2.0, 3.0]}
+    tensors = predict_batch_udf(fn(lambda x: torch.tensor(x).reshape(-1, 1)), return_type=DoubleType(),
+                                batch_size=4)
+    assert [o.tolist() for o in tensors.func(iter([scalars(2)]))] == [[0.0, 1.0]]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_batch_size_must_be_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        predict_batch_udf(fn(lambda x: x), return_type=DoubleType(), batch_size=bad)
+
+
+def test_the_cache_loads_once_per_udf_and_keeps_the_most_recent(monkeypatch):
+    cache.clear()
+    monkeypatch.setenv(cache.SIZE_ENV, "2")
+    loads = []
+
+    def make(tag):
+        def make_predict_fn():
+            loads.append(tag)
+            return lambda x: x
+        return make_predict_fn
+
+    udfs = [predict_batch_udf(make(i), return_type=DoubleType(), batch_size=2) for i in range(3)]
+    for udf in udfs[:2] + udfs[:2]:  # a reused worker: each UDF's model is loaded once
+        list(udf.func(iter([scalars(3)])))
+    assert loads == [0, 1]
+    list(udfs[2].func(iter([scalars(3)])))  # a third: the least recently used goes
+    list(udfs[1].func(iter([scalars(3)])))
+    list(udfs[0].func(iter([scalars(3)])))
+    assert loads == [0, 1, 2, 0] and len(cache.keys()) == 2
+    cache.clear()
+    assert cache.keys() == []
+
+
+def test_concurrent_tasks_load_a_model_once():
+    cache.clear()
+    loads, gate = [], threading.Event()
+
+    def make_predict_fn():
+        loads.append(1)
+        gate.wait(5)
+        return lambda x: x
+
+    threads = [threading.Thread(target=cache.get_or_load, args=("k", make_predict_fn)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join()
+    assert loads == [1] and cache.keys() == ["k"]
+    cache.clear()
+    with pytest.raises(TypeError, match="make_predict_fn returned NoneType"):
+        cache.get_or_load("none", lambda: None)
