@@ -18,6 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Dict
 
+from ..task import warm_imports
+
 SIZE_ENV = "SPARK_DIST_PREDICT_CACHE_SIZE"
 DEFAULT_SIZE = 3
 
@@ -54,7 +56,7 @@ def get_or_load(key: str, make_predict_fn: Callable[[], Callable]) -> Callable:
         if fn is not None:
             return fn
         _release(_make_room(capacity() - 1))  # the old models go before the new one loads
-        _no_background_imports()
+        warm_imports.warmed()  # a training run's background imports first: two threads importing can deadlock
         fn = make_predict_fn()
         if not callable(fn):
             raise TypeError(f"make_predict_fn returned {type(fn).__name__}, not the predict function")
@@ -81,14 +83,6 @@ def _release(dropped: list) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-
-
-def _no_background_imports() -> None:
-    """Wait for the warm-up imports of a worker that served a training run before ``make_predict_fn`` imports
-    the model's modules: two threads importing at once can deadlock (spark_dist.task.warm_imports)."""
-    warm_imports = sys.modules.get("spark_dist.task.warm_imports")
-    if warm_imports is not None:
-        warm_imports.warmed()
 
 
 def clear() -> None:

@@ -5,7 +5,6 @@ module once (kept in a small module-level cache keyed by the weights' digest, so
 transforms skip even that) and runs one forward pass per chunk of rows, never per row.
 """
 import hashlib
-import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -15,6 +14,7 @@ from pyspark import keyword_only
 from pyspark.ml import Model
 
 from ..errors import ConfigError
+from ..task import warm_imports
 from . import inputs, transform_inputs, transforms
 from .params import TorchParams
 from .persistence import TorchPersistence, dumps, loads
@@ -55,7 +55,10 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
         if module is not None:
             _MODULES.move_to_end(cache_key)
             return module
-    _no_background_imports()
+    # A worker that served a training run may still be importing in the background (a run's barrier stage is a
+    # mapInArrow job, in the UDFs' workers); unpickling imports the model's modules, and two threads importing at
+    # once can deadlock on modules that import each other.
+    warm_imports.warmed()
     module = loads(payload)
     if isinstance(module, dict):
         module["model"] = module["model"].to(device).eval()
@@ -66,16 +69,6 @@ def worker_module(key: str, payload: bytes, use_gpu: bool):
         while len(_MODULES) > _MODULES_KEPT:
             _MODULES.popitem(last=False)
     return module
-
-
-def _no_background_imports() -> None:
-    """Wait for the warm-up imports of a worker that served a training run (a run's barrier stage is a
-    ``mapInArrow`` job, so it runs in the UDFs' workers) before unpickling a model, which imports its
-    classes' modules: two threads importing at once can deadlock on modules that import each other. Waiting
-    also keeps the next fit from sharing the worker with an import still under way (BENCHMARKS.md, Spark ML)."""
-    warm_imports = sys.modules.get("spark_dist.task.warm_imports")
-    if warm_imports is not None:
-        warm_imports.warmed()
 
 
 def output_kind(loss, outputs: int) -> str:
