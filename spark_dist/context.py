@@ -1,6 +1,7 @@
 """The rank's view of its run: :class:`TrainContext` and :func:`get_context`."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
@@ -137,11 +138,13 @@ class TrainContext:
     # -- metrics ----------------------------------------------------------------------------------------
     def report(self, **metrics) -> None:
         """Send metrics to the driver: printed there and kept in the run's history (any rank may report)."""
+        self._last_metrics.update(metrics)
         if self._reporter is not None:
             self._reporter({**self._report_head(), **metrics})
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def __post_init__(self):
+        self._last_metrics: Dict[str, Any] = {}  # the latest value of each metric this rank reported
         # The driver names the default directory (a relative name) for every host: this host's path is
         # under its own private temp dir. ``_checkpoint_name`` keeps the driver's form, which says which.
         self._checkpoint_name = self.checkpoint_dir
@@ -153,37 +156,123 @@ class TrainContext:
             raise RuntimeError("this run has no checkpoint directory")
         return self._checkpoint_name
 
-    def save_checkpoint(self, obj) -> None:
-        """Rank 0 writes ``obj`` with ``torch.save`` atomically (temp file, then rename: a crash mid-write
-        never leaves a torn checkpoint); other ranks return at once.
+    def save_checkpoint(self, obj, *, sharded: Optional[bool] = None, async_save: bool = False,
+                        keep: Optional[int] = None, metric: Optional[str] = None, mode: str = "min") -> None:
+        """Save a checkpoint of this run, which a retry (or a resumed run) finds with :meth:`load_checkpoint`.
+
+        - Rank 0's (``sharded=False``, the default for a state without DTensors): rank 0 writes ``obj`` with
+          ``torch.save`` atomically (temp file, then rename: a crash mid-write never leaves a torn checkpoint);
+          other ranks return at once.
+        - Sharded (``sharded=True``, or a state holding DTensors: an FSDP2 ``fully_shard`` model): every rank
+          calls it at the same point and writes its own shards through ``torch.distributed.checkpoint``; it
+          counts once every rank's part is written and rank 0 committed it, so a run killed mid-save resumes
+          from the previous one. ``obj`` is a dict that may hold the training's live objects, saved through
+          torch's ``state_dict`` helpers: ``{"model": model, "optimizer": optimizer, "loader": loader,
+          "step": step}`` (a module; an optimizer of that one module; anything with ``state_dict`` /
+          ``load_state_dict``; tensors and plain values). ``async_save=True`` stages the state to CPU memory
+          and writes it in the background; the next save or load, :meth:`wait_for_checkpoints`, the
+          function's return and ``destroy_process_group`` wait for it. ``keep=k`` keeps the ``k`` latest
+          checkpoints, or with ``metric`` (a name this rank reported with :meth:`report`; its latest value is
+          the checkpoint's score) the ``k`` best (``mode`` ``"min"`` or ``"max"``), and always the latest;
+          the driver's ``Distributor.best_checkpoint`` names the best. A sharded checkpoint in the default
+          directory needs the ranks on one host; across hosts set ``spark.dist.checkpointDir`` to a shared
+          filesystem.
 
         Raises:
             CheckpointDirError: (a ``PermissionError``) the checkpoint directory is not this user's alone:
                 another owner, writable by group or others, or a symbolic link; the message names
                 ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
+            ValueError: ``async_save``, ``keep`` or ``metric`` with a rank-0 checkpoint; ``keep`` < 1; ``mode``
+                neither ``"min"`` nor ``"max"``; ``metric`` never reported by this rank; an optimizer in a
+                sharded state beside no module or several.
+            ConfigError: a sharded checkpoint in the default directory with ranks on several hosts.
+            RuntimeError: a sharded checkpoint with several ranks and no ``torch.distributed`` process group.
         """
-        if self.rank != 0:
+        if sharded is None:
+            from .task.checkpoint_state import has_sharded_tensors
+
+            sharded = has_sharded_tensors(obj)
+        if not sharded:
+            given = [name for name, value in (("async_save", async_save), ("keep", keep), ("metric", metric))
+                     if value]
+            if given:
+                raise ValueError(f"save_checkpoint: {', '.join(given)} apply to sharded checkpoints; pass "
+                                 "sharded=True (rank 0's checkpoint is one file, replaced by each save)")
+            if self.rank != 0:
+                return
+            import torch
+
+            with checkpoint_dirs.atomic_write(self._checkpoint_dir(), CHECKPOINT_FILE) as f:
+                torch.save(obj, f)
             return
-        import torch
+        if keep is not None and (not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"save_checkpoint: keep must be an integer >= 1, got {keep!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"save_checkpoint: mode must be 'min' or 'max', got {mode!r}")
+        score = None
+        if metric is not None:
+            if metric not in self._last_metrics:
+                reported = ", ".join(sorted(self._last_metrics)) or "none"
+                raise ValueError(f"save_checkpoint: metric {metric!r} was never reported by rank {self.rank} "
+                                 f"with ctx.report({metric}=...); reported so far: {reported}")
+            score = float(self._last_metrics[metric])
+        self._sharded().save(obj, async_save=async_save, keep=keep, metric=metric, score=score, mode=mode)
 
-        with checkpoint_dirs.atomic_write(self._checkpoint_dir(), CHECKPOINT_FILE) as f:
-            torch.save(obj, f)
+    def load_checkpoint(self, default=None, *, into=None):
+        """The latest checkpoint of this run, or ``default`` when there is none.
 
-    def load_checkpoint(self, default=None):
-        """The latest checkpoint of this run (every rank reads it), or ``default`` when there is none. It is
-        unpickled (``torch.load(weights_only=False)``) only once it and its directory proved this user's alone.
+        - ``into=`` the dict given to a sharded :meth:`save_checkpoint` (the same keys, the live objects of
+          this attempt: an FSDP2 model wrapped as when it was saved, its optimizer, the loader): every rank
+          calls it; its objects are restored in place from the latest sharded checkpoint, resharded to this
+          run's number of ranks, and the dict is returned with its plain values (``"step"``) as saved;
+          ``default`` when there is no sharded checkpoint.
+        - Without ``into``: the latest of rank 0's checkpoint (unpickled with ``torch.load(weights_only=False)``
+          only once it and its directory proved this user's alone) and the sharded ones, a sharded one read
+          whole (every tensor complete, on this rank alone).
 
         Raises:
             CheckpointDirError: (a ``PermissionError``) the checkpoint or its directory is not this user's
                 alone; the message names ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
+            RuntimeError, ConfigError: as for a sharded :meth:`save_checkpoint`.
         """
+        if into is not None:
+            restored = self._sharded().load_into(into)
+            return default if restored is None else restored
         import torch
 
+        from .task import sharded_checkpoints
+
+        self.wait_for_checkpoints()
+        latest_sharded = self._sharded().latest()
         f = checkpoint_dirs.open_checked(self._checkpoint_dir(), CHECKPOINT_FILE)
-        if f is None:
+        if f is None and latest_sharded is None:
             return default
-        with f:
-            return torch.load(f, map_location="cpu", weights_only=False)
+        if f is not None and (latest_sharded is None or os.fstat(f.fileno()).st_mtime >= latest_sharded.time):
+            with f:
+                return torch.load(f, map_location="cpu", weights_only=False)
+        if f is not None:
+            f.close()
+        return sharded_checkpoints.load_full(latest_sharded.path)
+
+    def wait_for_checkpoints(self) -> None:
+        """Wait for this rank's asynchronous save in flight, if any (every rank calls it: the save's commit
+        waits on all of them); raises the save's error."""
+        if self._sharded_checkpoints is not None:
+            self._sharded_checkpoints.wait()
+
+    def _sharded(self):
+        if self._sharded_checkpoints is None:
+            from .task.sharded_checkpoints import ShardedCheckpoints
+
+            self._sharded_checkpoints = ShardedCheckpoints(self._checkpoint_dir(), self.rank, self.world_size,
+                                                           self._send)
+        return self._sharded_checkpoints
+
+    def _send(self, record: Dict[str, Any]) -> None:
+        if self._reporter is not None:
+            self._reporter({**self._report_head(), **record})
+
+    _sharded_checkpoints = None
 
 
 def get_context() -> TrainContext:

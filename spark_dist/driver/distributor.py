@@ -19,6 +19,7 @@ from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
 from ..wire.pickling import by_value
 from ..context import LOG_KEY, REPORT_KEYS
+from ..task.sharded_checkpoints import CHECKPOINT_KEY
 from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .attempt import Attempt
 from .outcome import worth_retrying
@@ -77,6 +78,8 @@ class Distributor:
         self.history: List[Dict[str, Any]] = []
         self.input_stats: List[Dict[str, Any]] = []  # per rank: input_wait_seconds, train_seconds, batches
         self.last_run_id: Optional[str] = None
+        self.checkpoints: List[Dict[str, Any]] = []  # the last run's sharded checkpoints kept, as rank 0 told
+        self._checkpoints_kept = True
 
     # ----------------------------------------------------------------------------------------------------
     def run(self, train_object, *args, datasets: Optional[Dict[str, Any]] = None, **kwargs):
@@ -128,7 +131,8 @@ class Distributor:
                             "on another host would not find them. Set spark.dist.checkpointDir (or "
                             "checkpoint_dir=) to a filesystem every executor sees.", config.run_id,
                             ", ".join(unshared))
-        self.history, self.input_stats = [], []
+        self.history, self.input_stats, self.checkpoints = [], [], []
+        self._checkpoints_kept = not checkpoint_dirs.removed_after_success(config)
         self.last_run_id = config.run_id
         self._bar = output.ProgressBar()
         self._tracker = tracking.Tracker(config.run_id, tracking.run_params({**self._args, "run_id": config.run_id}))
@@ -212,7 +216,28 @@ class Distributor:
             return active
         return SparkSession.builder.getOrCreate()
 
+    @property
+    def best_checkpoint(self) -> Optional[str]:
+        """The directory of the last run's best sharded checkpoint (by the ``metric`` its saves named, else the
+        latest), as rank 0's host sees it; ``None`` when it saved none, or when its checkpoints went with the
+        run (the default directory of a run whose ``run_id`` spark_dist drew is removed once it succeeded: give
+        ``checkpoint_dir=`` or ``run_id=`` to keep them). Read it with
+        ``spark_dist.task.sharded_checkpoints.load_full(path)`` or a ``load_checkpoint`` of a resumed run."""
+        if not self.checkpoints or not self._checkpoints_kept:
+            return None
+        scored = [c for c in self.checkpoints if c["score"] is not None]
+        if not scored:
+            return self.checkpoints[-1]["path"]
+        best = min(scored, key=lambda c: c["score"] if c["mode"] == "min" else -c["score"])
+        return best["path"]
+
     def _on_report(self, record: Dict[str, Any]) -> None:
+        if CHECKPOINT_KEY in record:  # rank 0 committed a sharded checkpoint (and removed some)
+            done = record[CHECKPOINT_KEY]
+            gone = set(done["removed"]) | {done["path"]}
+            self.checkpoints = [c for c in self.checkpoints if c["path"] not in gone] + [
+                {k: done[k] for k in ("path", "seq", "metric", "score", "mode")}]
+            return
         if LOG_KEY in record:  # log_to_driver: shown whatever the verbosity, kept nowhere
             print(record[LOG_KEY], flush=True)
             return

@@ -90,6 +90,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         datasets=dict(spec.datasets), _reporter=reporter,
     )
     context._set_context(ctx)
+    teardown.before_destroy(ctx.wait_for_checkpoints)
     try:
         job: Job = cloudpickle.loads(spec.job_bytes)
         if job.script_path is not None:
@@ -99,6 +100,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
             started = time.perf_counter()
             result = job.fn(*job.args, **job.kwargs)
             _report_input_wait(ctx, reporter, time.perf_counter() - started)
+        ctx.wait_for_checkpoints()  # an asynchronous save in flight belongs to the run that returned
         from .result import encode_result
 
         data = encode_result(result if rank.rank == 0 else None, spec.max_result_bytes)
@@ -107,6 +109,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     except SystemExit as exc:  # a script's sys.exit(n)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code == 0:
+            ctx.wait_for_checkpoints()
             write_private(os.path.join(workdir, "result.pkl"), cloudpickle.dumps(None))
             return 0
         failure = RankFailure(rank.rank, rank.host, "exit", f"sys.exit({exc.code!r})", exit_code=code,

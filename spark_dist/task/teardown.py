@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import List
+from typing import Callable, List
 
 from ..host.import_hooks import PatchOnImport
 
 _C10D = "torch.distributed.distributed_c10d"
 _kept: List[object] = []  # the process groups destroyed here, never freed before the rank's os._exit
+_before_destroy: List[Callable[[], None]] = []  # run first by every destroy_process_group in this rank
 _hooked = False
 
 
@@ -41,6 +42,13 @@ def keep_process_groups_until_exit() -> None:
         _hooked = True
 
 
+def before_destroy(fn: Callable[[], None]) -> None:
+    """Run ``fn`` at the start of each ``destroy_process_group`` in this rank (once wrapped): an asynchronous
+    checkpoint save in flight finishes over its group before the groups go."""
+    if fn not in _before_destroy:
+        _before_destroy.append(fn)
+
+
 def _wrap(c10d) -> None:
     original = getattr(c10d, "destroy_process_group", None)
     if original is None or getattr(original, "_spark_dist_keeps_groups", False):
@@ -48,6 +56,8 @@ def _wrap(c10d) -> None:
 
     @functools.wraps(original)
     def destroy_process_group(group=None):
+        for fn in list(_before_destroy):
+            fn()
         _kept.extend(_groups_destroyed_by(c10d, group))
         return original(group)
 

@@ -306,6 +306,25 @@ def test_a_state_of_other_sharding_is_refused(small_dataset):
     assert (other_rank.epoch, other_rank.seed, len(list(other_rank))) == (3, 8, len(other_rank) - 2)
 
 
+def test_a_state_of_other_ranks_resumes_at_an_epoch_boundary_only(small_dataset):
+    from spark_dist.data import DatasetError
+
+    def loader(world_size, **kwargs):
+        return make_loader(small_dataset, rank=0, world_size=world_size, batch_size=16, seed=3, **kwargs)
+
+    two = loader(2, epoch=4)
+    at_end = {**two.state_dict(), "batches": len(two)}  # what a checkpoint after the epoch's last batch holds
+    one = loader(1)
+    one.load_state_dict(at_end)  # a resharded run (2 ranks, now 1) goes on with the next epoch, whole
+    assert list(one) == []
+    one.set_epoch(5)
+    assert batches_equal(list(one), list(loader(1, epoch=5)))
+    one.load_state_dict({**at_end, "batches": 0})
+    assert batches_equal(list(one), list(loader(1, epoch=4)))
+    with pytest.raises(DatasetError, match="saved by 2 ranks at batch 3 .* resumes only at an epoch's start or end"):
+        loader(1).load_state_dict({**at_end, "batches": 3})
+
+
 def test_windows_to_read_are_those_the_batches_from_the_resume_point_need():
     from spark_dist.data.loader_state import windows_to_read
 

@@ -1,0 +1,302 @@
+"""Sharded checkpoints: every rank writes its own shards through ``torch.distributed.checkpoint`` (DCP).
+
+A run's sharded checkpoints are numbered directories ``<run's checkpoint dir>/sharded/<seq>/`` holding DCP's
+files. One counts only once it is committed: after DCP's save returned on every rank (its coordinator, rank 0,
+writes ``.metadata`` only once it has every rank's write results, and each file is synced), rank 0 writes
+``COMMITTED.json`` into it, atomically (temp file, fsync, rename). A run killed mid-save leaves a directory
+without the marker: loads skip it and the next commit removes it, so a resume always starts from the last
+complete checkpoint, never a torn one.
+
+- ``async_save``: DCP stages the state to CPU memory before ``save`` returns, then writes it in a background
+  thread over a gloo group of its own (training's collectives keep the default group to themselves). The next
+  save, a load, ``wait()``, the training function's return and ``destroy_process_group`` wait for it first.
+- Retention (``keep=k``): after a commit, rank 0 removes the older checkpoints beyond the ``k`` latest, or,
+  with a ``metric``, beyond the ``k`` best by their score; the latest is always kept, to resume from.
+- Loading reshards: a checkpoint saved by ``n`` ranks loads on any number (DCP reads the pieces each rank's
+  tensors need); without live objects to load into, :func:`load_full` reads every tensor whole, in one process.
+
+DCP's ``.metadata`` and non-tensor items are unpickled on load, so a checkpoint is read only where the run's
+directory passed :mod:`checkpoint_dirs`' checks and the checkpoint's own directory and files are this user's,
+not writable by others and not symbolic links.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from ..config import CONF_CHECKPOINT_DIR
+from ..errors import ConfigError
+from . import checkpoint_dirs, checkpoint_state
+
+log = logging.getLogger(__name__)
+
+SHARDED_DIR = "sharded"
+MARKER = "COMMITTED.json"
+CHECKPOINT_KEY = "_checkpoint"  # a report telling the driver of a committed (and of removed) checkpoints
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed sharded checkpoint: its number, directory, commit time and score (``None`` without a metric)."""
+
+    seq: int
+    path: str
+    time: float
+    world_size: int
+    metric: Optional[str] = None
+    score: Optional[float] = None
+
+
+def sharded_root(checkpoint_dir: str) -> str:
+    """``<run's checkpoint dir on this host>/sharded``."""
+    return os.path.join(checkpoint_dirs.resolve(checkpoint_dir), SHARDED_DIR)
+
+
+def committed(checkpoint_dir: str) -> List[Committed]:
+    """The run's committed sharded checkpoints on this host, oldest first (a checkpoint whose marker someone
+    else could have written is not one)."""
+    root = sharded_root(checkpoint_dir)
+    if not checkpoint_dirs.check_dir(checkpoint_dir, create=False) or not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if not name.isdigit() or not _owned(path, directory=True) or not _owned(os.path.join(path, MARKER)):
+            continue
+        try:
+            with open(os.path.join(path, MARKER)) as f:
+                marker = json.load(f)
+        except (OSError, ValueError):
+            continue
+        found.append(Committed(int(name), path, float(marker["time"]), int(marker["world_size"]),
+                               marker.get("metric"), marker.get("score")))
+    return sorted(found, key=lambda c: c.seq)
+
+
+def load_full(path: str) -> Dict[str, Any]:
+    """Every tensor of the sharded checkpoint at ``path`` whole, read in this process alone (no process group):
+    for inference, or to turn a sharded checkpoint into a ``torch.save`` one.
+
+    Raises:
+        CheckpointDirError: the checkpoint's directory or files are not this user's alone.
+        FileNotFoundError: ``path`` is not a committed checkpoint.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    if not os.path.exists(os.path.join(path, MARKER)):
+        raise FileNotFoundError(f"{path} is not a committed sharded checkpoint (no {MARKER})")
+    _check_files(path)
+    state: Dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    return state
+
+
+class ShardedCheckpoints:
+    """A rank's sharded checkpoints of one run (``ctx.save_checkpoint`` / ``ctx.load_checkpoint`` use it)."""
+
+    def __init__(self, checkpoint_dir: str, rank: int, world_size: int, report: Callable[[dict], None]):
+        self.checkpoint_dir = checkpoint_dir  # as the rank got it (a default's name, or a given absolute path)
+        self.rank, self.world_size = rank, world_size
+        self._report = report
+        self._group = None  # the gloo group DCP's collectives use
+        self._checked_hosts = False
+        self._pending = None  # (future, seq, path, marker) of an async save not yet waited for
+        self._committed_lock = threading.Lock()
+        self._committed_seqs: set = set()
+        self._retain: Optional[tuple] = None  # (keep, mode) asked with the last save
+
+    # -- saving -----------------------------------------------------------------------------------------
+    def save(self, state: Mapping[str, Any], *, async_save: bool = False, keep: Optional[int] = None,
+             metric: Optional[str] = None, score: Optional[float] = None, mode: str = "min") -> None:
+        """Save ``state`` (live objects, see :mod:`checkpoint_state`) as the next sharded checkpoint; every rank
+        calls it at the same point of training."""
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        saved = checkpoint_state.to_saved(state)
+        group, no_dist = self._dcp_group()
+        seq = self._next_seq(group)
+        path = os.path.join(sharded_root(self.checkpoint_dir), f"{seq:08d}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        marker = {"seq": seq, "world_size": self.world_size, "metric": metric, "score": score}
+        self._retain = (keep, mode)
+        if not async_save:
+            dcp.save(saved, checkpoint_id=path, process_group=group, no_dist=no_dist)
+            self._commit(seq, path, marker)
+            self._after_commit()
+            return
+        future = dcp.async_save(saved, checkpoint_id=path, process_group=group, no_dist=no_dist)
+        if not hasattr(future, "add_done_callback"):  # an AsyncSaveResponse (a stager of one's own)
+            future = future.upload_completion
+        self._pending = (future, seq, path, marker)
+        if self.rank == 0:  # durable as soon as written, whether or not the training gets to wait for it
+            future.add_done_callback(
+                lambda f: f.exception() is None and self._commit(seq, path, marker))
+
+    def wait(self) -> None:
+        """Wait for the async save in flight, if any; raise its error."""
+        if self._pending is None:
+            return
+        future, seq, path, marker = self._pending
+        self._pending = None
+        future.result()
+        self._commit(seq, path, marker)
+        self._after_commit()
+
+    def _commit(self, seq: int, path: str, marker: Dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        with self._committed_lock:
+            if seq in self._committed_seqs:
+                return
+            tmp = os.path.join(path, f".{MARKER}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with open(fd, "w") as f:
+                json.dump({**marker, "time": time.time()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            for name in os.listdir(path):  # DCP writes with the umask's mode: none may stay writable by others
+                st = os.lstat(os.path.join(path, name))
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o022:
+                    os.chmod(os.path.join(path, name), st.st_mode & ~0o022)
+            os.replace(tmp, os.path.join(path, MARKER))
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+            self._committed_seqs.add(seq)
+
+    def _after_commit(self) -> None:
+        """Rank 0: remove what retention and torn saves leave, and tell the driver."""
+        if self.rank != 0:
+            return
+        keep, mode = self._retain or (None, "min")
+        kept = committed(self.checkpoint_dir)
+        if not kept:
+            return
+        latest = kept[-1]
+        removed = [c.path for c in kept if c not in _retained(kept, keep, mode)]
+        root = sharded_root(self.checkpoint_dir)
+        torn = [os.path.join(root, n) for n in os.listdir(root)
+                if n.isdigit() and int(n) < latest.seq and not os.path.exists(os.path.join(root, n, MARKER))]
+        for path in removed + torn:
+            shutil.rmtree(path, ignore_errors=True)
+        self._report({CHECKPOINT_KEY: {"path": latest.path, "seq": latest.seq, "metric": latest.metric,
+                                       "score": latest.score, "mode": mode, "removed": removed}})
+
+    def _next_seq(self, group) -> int:
+        """One past the highest numbered directory, as rank 0 sees it (the others take its word)."""
+        seq = [None]
+        if self.rank == 0:
+            root = sharded_root(self.checkpoint_dir)
+            checkpoint_dirs.check_dir(self.checkpoint_dir, create=True)
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            seq[0] = 1 + max((int(n) for n in os.listdir(root) if n.isdigit()), default=0)
+        if group is not None:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(seq, src=0, group=group)
+        return seq[0]
+
+    def _dcp_group(self):
+        """``(group, no_dist)`` for DCP: a gloo group of this run's ranks, made once (every rank makes it at
+        its first sharded save or load, the same point of training), or no collectives for a lone rank.
+
+        Raises:
+            RuntimeError: several ranks, but torch.distributed is not initialised.
+            ConfigError: the ranks are on several hosts and the checkpoint directory is the default, on each
+                host's own disk (a sharded checkpoint needs one every rank sees).
+        """
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            if self.world_size > 1:
+                raise RuntimeError("sharded checkpoints need torch.distributed initialised on every rank: call "
+                                   "dist.init_process_group() before save_checkpoint / load_checkpoint")
+            return None, True
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        if not self._checked_hosts:
+            import socket
+
+            hosts: List[Optional[str]] = [None] * dist.get_world_size()
+            dist.all_gather_object(hosts, socket.gethostname(), group=self._group)
+            if len(set(hosts)) > 1 and checkpoint_dirs.is_default(self.checkpoint_dir):
+                raise ConfigError(f"the ranks run on {len(set(hosts))} hosts, and a sharded checkpoint needs a "
+                                  f"directory all of them see: set {CONF_CHECKPOINT_DIR} (checkpoint_dir=) to "
+                                  "a shared filesystem")
+            self._checked_hosts = True
+        return self._group, False
+
+    # -- loading ----------------------------------------------------------------------------------------
+    def latest(self) -> Optional[Committed]:
+        """The run's latest committed sharded checkpoint (as rank 0 sees it when ranks have a group)."""
+        found = committed(self.checkpoint_dir)
+        return found[-1] if found else None
+
+    def load_into(self, state: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        """Restore ``state``'s live objects from the latest committed checkpoint, resharded to this run's ranks;
+        ``None`` when there is none. Every rank calls it at the same point."""
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        group, no_dist = self._dcp_group()
+        choice = [None]
+        if self.rank == 0 or group is None:
+            latest = self.latest()
+            choice[0] = None if latest is None else latest.path
+        if group is not None:
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(choice, src=0, group=group)
+        if choice[0] is None:
+            return None
+        _check_files(choice[0])
+        saved = checkpoint_state.to_saved(state)
+        dcp.load(saved, checkpoint_id=choice[0], process_group=group, no_dist=no_dist)
+        return checkpoint_state.restore(state, saved)
+
+
+def _retained(found: List[Committed], keep: Optional[int], mode: str) -> List[Committed]:
+    """The checkpoints retention keeps of ``found`` (oldest first): all without ``keep``; else the ``keep``
+    latest, or the ``keep`` best by score when they have one; and always the latest."""
+    if keep is None:
+        return list(found)
+    scored = [c for c in found if c.score is not None]
+    if scored:
+        best = sorted(scored, key=lambda c: c.score if mode == "min" else -c.score)[:keep]
+    else:
+        best = found[-keep:]
+    return [c for c in found if c in best or c is found[-1]]
+
+
+def _owned(path: str, directory: bool = False) -> bool:
+    """Whether ``path`` is this user's, not writable by group or others, and of its kind (no symbolic link)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    return kind and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _check_files(path: str) -> None:
+    """Raise unless the checkpoint directory and every file in it are this user's alone."""
+    bad = [] if _owned(path, directory=True) else [path]
+    if not bad:
+        bad = [os.path.join(path, n) for n in os.listdir(path) if not _owned(os.path.join(path, n))]
+    if bad:
+        raise checkpoint_dirs.CheckpointDirError(
+            f"{bad[0]} is not this user's alone (another owner, writable by others, or a link): spark_dist does "
+            f"not unpickle it; set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a directory only you can write")
