@@ -29,8 +29,9 @@ def state_of(loader, epoch: int, batches: int) -> Dict:
 def checked_state(loader, state: Dict) -> Tuple[int, int, int, bool]:
     """``(epoch, batches, seed, shuffle)`` of a state :func:`state_of` made, once it fits ``loader``. A state
     saved by another rank fits: every rank is at the same batch of the same epoch. A state saved by a loader with
-    another number of ranks fits at an epoch's start or end (a resharded run resumes there: the epoch order of
-    another world size deals the rows out differently, so a place inside an epoch names no rows of this one).
+    another number of ranks, batch size or ``drop_last`` fits at an epoch's start or end (a resharded run resumes
+    there: the epoch order of another world size deals the rows out differently, so a place inside an epoch
+    names no rows of this one).
 
     Raises:
         DatasetError: the state is not a loader's, or was saved by a loader with another number of rows, batch
@@ -43,18 +44,15 @@ def checked_state(loader, state: Dict) -> Tuple[int, int, int, bool]:
                            loader.handle.name)
     ours = state_of(loader, 0, 0)
     differ = [f"{k}={state[k]!r} (this loader: {ours[k]!r})" for k in _SAME if k in state and state[k] != ours[k]]
-    if len(differ) == 1 and differ[0].startswith("world_size="):
-        at_end = "epoch_batches" in state and int(state["batches"]) == int(state["epoch_batches"])
-        if int(state["batches"]) == 0 or at_end:
-            return (int(state["epoch"]), len(loader) if at_end else 0, state.get("seed", loader.seed),
-                    state.get("shuffle", loader.shuffle))
-        raise DatasetError(f"{where}: the loader state was saved by {state['world_size']} ranks at batch "
-                           f"{state['batches']} of an epoch; this run has {loader.world_size}, which resumes only "
-                           "at an epoch's start or end (save the checkpoint there to change the number of ranks)",
-                           loader.handle.name)
+    at_end = "epoch_batches" in state and int(state["batches"]) == int(state["epoch_batches"])
+    if differ and not any(d.startswith("num_rows=") for d in differ) and (int(state["batches"]) == 0 or at_end):
+        return (int(state["epoch"]), len(loader) if at_end else 0, state.get("seed", loader.seed),
+                state.get("shuffle", loader.shuffle))
     if differ:
-        raise DatasetError(f"{where}: the loader state was saved with {', '.join(differ)}; a position resumes only "
-                           "the same rows, ranks, batch size and drop_last", loader.handle.name)
+        raise DatasetError(f"{where}: the loader state was saved with {', '.join(differ)} at batch "
+                           f"{state['batches']} of an epoch; a place inside an epoch resumes only the same rows, "
+                           "ranks, batch size and drop_last (another number of ranks or batch size resumes at an "
+                           "epoch's start or end: save the checkpoint there to change them)", loader.handle.name)
     batches = int(state["batches"])
     if not 0 <= batches <= len(loader):
         raise DatasetError(f"{where}: the loader state is at batch {batches}, outside the epoch's {len(loader)}",

@@ -296,8 +296,9 @@ def test_a_restored_position_outlives_setting_its_own_epoch_only(small_dataset):
 def test_a_state_of_other_sharding_is_refused(small_dataset):
     from spark_dist.data import DatasetError
 
-    state = make_loader(small_dataset, rank=0, world_size=2, batch_size=24).state_dict()
-    with pytest.raises(DatasetError, match=r"world_size=2 \(this loader: 4\), batch_size=24 \(this loader: 16\)"):
+    state = {**make_loader(small_dataset, rank=0, world_size=2, batch_size=24).state_dict(), "batches": 3}
+    with pytest.raises(DatasetError, match=r"world_size=2 \(this loader: 4\), batch_size=24 \(this loader: 16\) at "
+                                           "batch 3 of an epoch"):
         make_loader(small_dataset, rank=0, world_size=4, batch_size=16).load_state_dict(state)
     with pytest.raises(DatasetError, match="needs what state_dict"):
         make_loader(small_dataset, rank=0, world_size=2, batch_size=24).load_state_dict({"epoch": 1})
@@ -306,22 +307,24 @@ def test_a_state_of_other_sharding_is_refused(small_dataset):
     assert (other_rank.epoch, other_rank.seed, len(list(other_rank))) == (3, 8, len(other_rank) - 2)
 
 
-def test_a_state_of_other_ranks_resumes_at_an_epoch_boundary_only(small_dataset):
+def test_a_state_of_other_ranks_or_batch_size_resumes_at_an_epoch_boundary_only(small_dataset):
     from spark_dist.data import DatasetError
 
-    def loader(world_size, **kwargs):
-        return make_loader(small_dataset, rank=0, world_size=world_size, batch_size=16, seed=3, **kwargs)
+    def loader(world_size, batch_size=16, **kwargs):
+        return make_loader(small_dataset, rank=0, world_size=world_size, batch_size=batch_size, seed=3, **kwargs)
 
     two = loader(2, epoch=4)
     at_end = {**two.state_dict(), "batches": len(two)}  # what a checkpoint after the epoch's last batch holds
-    one = loader(1)
+    one = loader(1, batch_size=32)  # the same global batch on 1 rank
     one.load_state_dict(at_end)  # a resharded run (2 ranks, now 1) goes on with the next epoch, whole
     assert list(one) == []
     one.set_epoch(5)
-    assert batches_equal(list(one), list(loader(1, epoch=5)))
+    assert batches_equal(list(one), list(loader(1, batch_size=32, epoch=5)))
+    one = loader(1)
     one.load_state_dict({**at_end, "batches": 0})
     assert batches_equal(list(one), list(loader(1, epoch=4)))
-    with pytest.raises(DatasetError, match="saved by 2 ranks at batch 3 .* resumes only at an epoch's start or end"):
+    with pytest.raises(DatasetError, match="world_size=2 .* at batch 3 .*another number of ranks or batch size "
+                                           "resumes at an epoch's start or end"):
         loader(1).load_state_dict({**at_end, "batches": 3})
 
 
