@@ -89,6 +89,44 @@ def _stack(rows: np.ndarray) -> np.ndarray:
     return np.vstack(rows)
 
 
+def _is_arrow_list(kind) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _dense_rows(array) -> Optional[np.ndarray]:
+    """A list column of numbers as one ``[rows, width]`` array (the stacked rows ``_stack`` makes of the
+    per-row arrays), without a copy; ``None`` unless no row or element is null and every row has one length."""
+    import pyarrow as pa
+
+    kind = array.type.value_type
+    if array.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or len(array) == 0:
+        return None
+    if pa.types.is_fixed_size_list(array.type):
+        width = array.type.list_size
+    else:
+        offsets = array.offsets.to_numpy()
+        width = int(offsets[1] - offsets[0])
+        if not (np.diff(offsets) == width).all():
+            return None
+    flat = array.flatten()
+    if flat.null_count:
+        return None
+    return flat.to_numpy(zero_copy_only=False).reshape(len(array), width)
+
+
+def _arrow_numpy(array) -> np.ndarray:
+    """What the pandas UDF's ``Series.to_numpy()`` gives for this Arrow column: numbers without nulls as they
+    are (no copy), else pyarrow's pandas conversion (nulls as NaN or None, lists as per-row arrays)."""
+    import pyarrow as pa
+
+    kind = array.type
+    if not array.null_count and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return array.to_numpy(zero_copy_only=False)
+    return array.to_pandas(date_as_object=True).to_numpy()
+
+
 def _reshape(x: np.ndarray, shape: Sequence[int], rows: int) -> np.ndarray:
     x = x.reshape([-1] + list(shape))
     if len(x) != rows:
@@ -97,16 +135,58 @@ def _reshape(x: np.ndarray, shape: Sequence[int], rows: int) -> np.ndarray:
 
 
 class ArrowBatch:
-    """The columns of one Arrow batch, cut into ``batch_size`` rows for the predict function."""
+    """The columns of one Arrow batch, cut into ``batch_size`` rows for the predict function: built from the
+    pandas objects a pandas UDF receives (:meth:`from_pandas`) or from the Arrow arrays themselves
+    (:meth:`from_arrow`), which give the predict function the same numpy arrays."""
 
-    def __init__(self, data):
-        self.has_tuple = isinstance(data, tuple)  # several UDF arguments (else one column, or one struct)
-        self.columns = _columns(data)
-        self.rows = len(self.columns[0]) if self.columns else 0
-        self.tensor = [_is_tensor(c) for c in self.columns]
-        self.has_tensors = any(self.tensor)
-        self.values = [c.to_numpy() for c in self.columns]
-        self._stacked: dict = {}
+    def __init__(self, values: List[np.ndarray], tensor: List[bool], has_tuple: bool, rows: int,
+                 stacked: Optional[dict] = None, rows_of=None):
+        self.has_tuple = has_tuple  # several UDF arguments (else one column, or one struct)
+        self._values = values  # per column, what ``Series.to_numpy()`` gives; None where ``rows_of`` makes it
+        self._rows_of = rows_of
+        self.width = len(tensor)
+        self.rows = rows
+        self.tensor = tensor
+        self.has_tensors = any(tensor)
+        self._stacked: dict = stacked or {}
+
+    @classmethod
+    def from_pandas(cls, data) -> "ArrowBatch":
+        """A pandas UDF's input: a Series, a DataFrame (a struct argument) or a tuple of them."""
+        columns = _columns(data)
+        return cls([c.to_numpy() for c in columns], [_is_tensor(c) for c in columns], isinstance(data, tuple),
+                   len(columns[0]) if columns else 0)
+
+    @classmethod
+    def from_arrow(cls, data) -> "ArrowBatch":
+        """An Arrow UDF's input: a ``pyarrow.Array``, a ``StructArray`` (a struct argument) or a tuple of them.
+        A list column of numbers with no nulls and one length is handed on stacked, without a copy; the
+        per-row arrays (what pandas makes of it) are made only where the predict function takes them."""
+        import pyarrow as pa
+
+        parts = data if isinstance(data, tuple) else (data,)
+        arrays = []
+        for part in parts:
+            arrays.extend(part.flatten() if pa.types.is_struct(part.type) else [part])
+        values, tensor, stacked = [], [], {}
+        for i, array in enumerate(arrays):
+            is_list = _is_arrow_list(array.type)
+            tensor.append(is_list and array.null_count < len(array))
+            dense = _dense_rows(array) if is_list else None
+            if dense is not None:
+                stacked[i] = dense
+                values.append(None)
+            else:
+                values.append(_arrow_numpy(array))
+        lazy = dict(enumerate(arrays))
+        return cls(values, tensor, isinstance(data, tuple), len(arrays[0]) if arrays else 0, stacked,
+                   rows_of=lambda i: _arrow_numpy(lazy[i]))
+
+    @property
+    def values(self) -> List[np.ndarray]:
+        if any(v is None for v in self._values):
+            self._values = [self._rows_of(i) if v is None else v for i, v in enumerate(self._values)]
+        return self._values
 
     def _rows_stacked(self, i: int, start: int, stop: int) -> np.ndarray:
         """``np.vstack`` of the column's rows ``start:stop``; an array column is stacked once for the batch."""
@@ -120,10 +200,10 @@ class ArrowBatch:
         """One array per column, for a predict function with as many inputs."""
         if not shapes:
             return [v[start:stop] for v in self.values]
-        if len(shapes) != len(self.columns):
+        if len(shapes) != self.width:
             raise ValueError("input_tensor_shapes must match columns")
-        out = [_reshape(self._rows_stacked(i, start, stop), shape, stop - start) if shape else v[start:stop]
-               for i, (v, shape) in enumerate(zip(self.values, shapes))]
+        out = [_reshape(self._rows_stacked(i, start, stop), shape, stop - start) if shape
+               else self.values[i][start:stop] for i, shape in enumerate(shapes)]
         if not all(len(x) == stop - start for x in out):
             raise ValueError(SHAPE_MISMATCH)
         return out
@@ -133,19 +213,19 @@ class ArrowBatch:
         rows = stop - start
         first_shape = shapes[0] if shapes else None
         if self.has_tensors:
-            if len(self.columns) != 1:
+            if self.width != 1:
                 raise ValueError(SINGLE_INPUT)
             if shapes and first_shape is None:  # ours: the rows as they are (variable length, nested)
                 x = self.values[0][start:stop]
             else:
                 x = self._rows_stacked(0, start, stop)
-        elif len(self.columns) == 1:
+        elif self.width == 1:
             x = self.values[0][start:stop]
             if shapes and first_shape not in (None, [], [1]):
                 raise ValueError("Invalid input_tensor_shape for scalar column.")
         elif not self.has_tuple:  # the fields of one struct argument: pandas' common type, as PySpark
-            x = pd.concat([c.iloc[start:stop] for c in self.columns], axis=1).to_numpy()
-            if shapes and first_shape != [len(self.columns)]:
+            x = pd.DataFrame({i: v[start:stop] for i, v in enumerate(self.values)}).to_numpy()
+            if shapes and first_shape != [self.width]:
                 raise ValueError(SHAPE_MISMATCH)
         else:
             raise ValueError(SINGLE_INPUT)

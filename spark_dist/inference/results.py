@@ -86,6 +86,42 @@ def _struct_from_rows(preds: list, rows: int, struct: StructType) -> pd.DataFram
     return pd.DataFrame(preds, columns=struct.names)
 
 
+def to_arrow(preds: Any, rows: int, return_type: DataType, arrow_type):
+    """:func:`to_pandas`'s result as the Arrow array (of ``arrow_type``) an Arrow UDF yields, with its checks and
+    messages. A numpy output of a scalar or array type goes over without pandas (an array type's rows are not
+    split into per-row objects).
+
+    Raises:
+        ValueError: as :func:`to_pandas`.
+    """
+    import pyarrow as pa
+
+    if not isinstance(return_type, (StructType, ArrayType)) and isinstance(return_type, SCALAR_TYPES):
+        preds = _array(preds)
+        if isinstance(preds, np.ndarray) and preds.dtype != np.object_:
+            if len(preds) != rows:
+                raise ValueError(SAME_LENGTH)
+            if not (len(preds.shape) == 1 or (len(preds.shape) == 2 and preds.shape[1] == 1)):
+                raise ValueError("Invalid shape for scalar prediction result.")
+            output = np.squeeze(preds, -1) if len(preds.shape) > 1 else preds
+            return pa.array(output).cast(arrow_type, safe=False)
+    if isinstance(return_type, ArrayType) and not isinstance(return_type.elementType, (StructType, ArrayType)):
+        preds = _array(preds)
+        if isinstance(preds, np.ndarray) and preds.dtype != np.object_ and len(preds.shape) == 2:
+            if len(preds) != rows:
+                raise ValueError(SAME_LENGTH)
+            width = preds.shape[1]
+            values = pa.array(np.ascontiguousarray(preds).reshape(-1)).cast(arrow_type.value_type, safe=False)
+            offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+            return pa.ListArray.from_arrays(offsets, values).cast(arrow_type)
+    out = to_pandas(preds, rows, return_type)
+    if isinstance(out, pd.DataFrame):
+        return pa.StructArray.from_arrays(
+            [pa.Array.from_pandas(out[f.name], type=arrow_type.field(f.name).type) for f in return_type.fields],
+            fields=list(arrow_type))
+    return pa.Array.from_pandas(out, type=arrow_type)
+
+
 def to_pandas(preds: Any, rows: int, return_type: DataType):
     """The UDF's output for ``rows`` input rows.
 

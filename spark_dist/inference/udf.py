@@ -55,16 +55,49 @@ def predict_batch_udf(
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-    from pyspark.sql.functions import pandas_udf
-
     # One key per call on the driver: a new UDF loads its model afresh in every worker (as in PySpark).
     spec = UdfSpec(make_predict_fn, return_type, batch_size, input_tensor_shapes, uuid.uuid4().hex)
+    if _has_arrow_udfs():
+        return _arrow_udf(spec)
+    return _pandas_udf(spec)
+
+
+def _has_arrow_udfs() -> bool:
+    """PySpark >= 4.1 has Arrow UDFs: the batches reach the predict function without pandas in between."""
+    import pyspark.sql.functions as functions
+
+    return hasattr(functions, "arrow_udf")
+
+
+def _arrow_udf(spec: UdfSpec):
+    """A scalar-iterator Arrow UDF (the function type given, since its type hints cannot say "one array, or a
+    tuple of them")."""
+    import warnings
+
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    holder = {}
+
+    def predict(data: Iterator[Any]) -> Iterator[Any]:
+        return predict_batches(spec, data, arrow_type=holder["arrow_type"])
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*type hints for arrow UDF.*")
+        udf = arrow_udf(predict, spec.return_type, ArrowUDFType.SCALAR_ITER)
+    spec.return_type = udf.returnType  # a DDL string parsed, as the UDF itself parsed it
+    holder["arrow_type"] = to_arrow_type(spec.return_type)
+    return udf
+
+
+def _pandas_udf(spec: UdfSpec):
+    from pyspark.sql.functions import pandas_udf
 
     def predict(data: Iterator[Union[pd.Series, pd.DataFrame]]) -> Iterator[pd.DataFrame]:
         return predict_batches(spec, data)
 
     # The hints (as PySpark's) make it a scalar-iterator pandas UDF; it reads their names from its globals.
     predict.__annotations__ = {"data": Iterator[Union[pd.Series, pd.DataFrame]], "return": Iterator[pd.DataFrame]}
-    udf = pandas_udf(predict, return_type)
+    udf = pandas_udf(predict, spec.return_type)
     spec.return_type = udf.returnType  # a DDL string parsed, as the UDF itself parsed it
     return udf

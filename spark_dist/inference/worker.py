@@ -3,6 +3,8 @@ at a time, PySpark's dispatch (one input per column, or one input for all) and i
 from __future__ import annotations
 
 import inspect
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -27,9 +29,11 @@ def expected_inputs(predict_fn: Callable) -> int:
     return len(inspect.signature(predict_fn).parameters)
 
 
-def predict_batches(spec: UdfSpec, data: Iterator[Any]) -> Iterator[Any]:
-    """The UDF's output for each Arrow batch of its input (a Series, a DataFrame for a struct argument, or a
-    tuple of them for several arguments), one pandas object per ``batch_size`` rows.
+def predict_batches(spec: UdfSpec, data: Iterator[Any], arrow_type=None) -> Iterator[Any]:
+    """The UDF's output for each Arrow batch of its input, one pandas object (or, given the ``arrow_type`` of
+    ``return_type``, one Arrow array) per ``batch_size`` rows. The input: pandas objects (a Series, a DataFrame
+    for a struct argument, or a tuple of them for several arguments), or, with ``arrow_type``, the Arrow arrays.
+    The next input batch is read and converted in a thread while the predict function runs.
 
     Raises:
         ValueError: the inputs do not fit the predict function or ``input_tensor_shapes``, or its output does
@@ -39,13 +43,19 @@ def predict_batches(spec: UdfSpec, data: Iterator[Any]) -> Iterator[Any]:
     expected = expected_inputs(predict_fn)
     shapes = batches.dense_shapes(spec.input_tensor_shapes, expected)
     size = spec.batch_size
-    for data_batch in data:
-        batch = batches.ArrowBatch(data_batch)
+    if arrow_type is None:
+        convert, output = batches.ArrowBatch.from_pandas, results.to_pandas
+    else:
+        convert = batches.ArrowBatch.from_arrow
+
+        def output(preds, rows, return_type):
+            return results.to_arrow(preds, rows, return_type, arrow_type)
+    for batch in prefetched(data, convert):
         if batch.rows == 0:  # nothing to predict (PySpark fails on an empty batch)
             continue
         if batch.has_tensors and not shapes:
             raise ValueError(batches.TENSORS_NEED_SHAPES + TENSORS_HINT)
-        columns = len(batch.columns)
+        columns = batch.width
         for start in range(0, batch.rows, size):
             stop = min(start + size, batch.rows)
             if columns == expected and expected > 1:
@@ -54,4 +64,42 @@ def predict_batches(spec: UdfSpec, data: Iterator[Any]) -> Iterator[Any]:
                 preds = predict_fn(batch.single(start, stop, shapes))
             else:
                 raise ValueError(f"Model expected {expected} inputs, but received {columns} columns")
-            yield results.to_pandas(preds, stop - start, spec.return_type)
+            yield output(preds, stop - start, spec.return_type)
+
+
+def prefetched(data: Iterator[Any], convert: Callable[[Any], Any]) -> Iterator[Any]:
+    """``convert`` of each item of ``data``, the next one read and converted in a thread while the caller works
+    on the current one (one ahead at most: memory stays bounded); the thread's error is raised here, in order.
+    Reading Spark's input and converting it take the GIL only in part, and a model's forward pass releases it."""
+    ahead: "queue.Queue" = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    done = object()
+
+    def read() -> None:
+        try:
+            for item in data:
+                item = (convert(item), None)
+                while not stop.is_set():
+                    try:
+                        ahead.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put((done, None))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, raised there
+            ahead.put((None, exc))
+
+    reader = threading.Thread(target=read, name="spark_dist-predict-input", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item, error = ahead.get()
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()

@@ -1,12 +1,17 @@
 """spark_dist.predict_batch_udf against PySpark's, without a JVM: both UDFs' bodies (``udf.func``) run on the
-pandas batches a scalar-iterator pandas UDF receives (a Series per column, a DataFrame for a struct, a tuple for
-several arguments), and must yield the same pandas objects (values and dtypes) or fail with the same error.
-tests/spark/test_predict_batch_udf_parity.py runs the UDFs in Spark."""
+batches Spark hands them: PySpark's on the pandas objects a scalar-iterator pandas UDF receives (a Series per
+column, a DataFrame for a struct, a tuple for several arguments); ours on the same, or, where PySpark has Arrow
+UDFs (>= 4.1) and ours is one, on the Arrow arrays of the same data. Both must yield the same values of the
+return type (as Spark converts them) or fail with the same error. tests/spark/test_predict_batch_udf_parity.py
+runs the UDFs in Spark."""
 import threading
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.rdd import PythonEvalType
 from pyspark.ml.functions import predict_batch_udf as pyspark_udf
 from pyspark.sql.types import (
     ArrayType, BooleanType, DoubleType, FloatType, LongType, StringType, StructField, StructType,
@@ -82,22 +87,41 @@ CASES = [
 ]
 
 
+def is_arrow_udf(udf) -> bool:
+    return udf.evalType == getattr(PythonEvalType, "SQL_SCALAR_ARROW_ITER_UDF", None)
+
+
+def as_arrow(batch):
+    """A pandas UDF's input as an Arrow UDF receives the same data."""
+    if isinstance(batch, tuple):
+        return tuple(as_arrow(b) for b in batch)
+    if isinstance(batch, pd.DataFrame):
+        return pa.StructArray.from_arrays([pa.array(batch[c]) for c in batch.columns], names=list(batch.columns))
+    return pa.array(batch)
+
+
+def outputs(udf, batches):
+    """What ``udf``'s body yields for ``batches`` (pandas UDF inputs), as Arrow arrays of its return type: a
+    pandas UDF's output converted as Spark converts it, an Arrow UDF's as it is."""
+    kind = to_arrow_type(udf.returnType)
+    if is_arrow_udf(udf):
+        yield from udf.func(iter([as_arrow(b) for b in batches]))
+        return
+    for out in udf.func(iter(batches)):
+        if isinstance(out, pd.DataFrame):
+            yield pa.StructArray.from_arrays([pa.Array.from_pandas(out[f.name]).cast(f.type, safe=False)
+                                              for f in kind], fields=list(kind))
+        else:
+            yield pa.Array.from_pandas(out).cast(kind, safe=False)
+
+
 def run(make, case):
     _, predict, batches, return_type, batch_size, shapes = case
     udf = make(fn(predict), return_type=return_type, batch_size=batch_size, input_tensor_shapes=shapes)
     try:
-        return "ok", [comparable(out) for out in udf.func(iter(batches))]
+        return "ok", [out.to_pylist() for out in outputs(udf, batches)]
     except Exception as e:  # noqa: BLE001
         return "error", (type(e), str(e))
-
-
-def comparable(out):
-    """Values and dtypes of a yielded Series or DataFrame, arrays as lists."""
-    def plain(v):
-        return v.tolist() if isinstance(v, np.ndarray) else v
-    if isinstance(out, pd.DataFrame):
-        return ({c: [plain(v) for v in out[c]] for c in out.columns}, {c: str(out[c].dtype) for c in out.columns})
-    return [plain(v) for v in out], str(out.dtype)
 
 
 LENIENT = {"array_of_list"}  # PySpark fails, we do not (docs/inference.md)
@@ -131,7 +155,7 @@ def test_an_array_column_with_no_shape_passes_its_rows_as_they_are():
 
     for shapes in ([None], {}):
         udf = predict_batch_udf(fn(predict), return_type=LongType(), batch_size=2, input_tensor_shapes=shapes)
-        assert [o.tolist() for o in udf.func(iter([ragged]))] == [[2, 3], [1]]
+        assert [o.to_pylist() for o in outputs(udf, [ragged])] == [[2, 3], [1]]
     assert seen[0].dtype == object and len(seen[0]) == 2
     # With several inputs PySpark already does so; a one-input predict fails there.
     with pytest.raises((TypeError, ValueError)):
@@ -147,7 +171,7 @@ def test_binary_and_string_columns_reach_predict_as_objects():
         return np.array([len(s) * 10 + len(v) for s, v in zip(t, b)])
 
     udf = predict_batch_udf(fn(predict), return_type=LongType(), batch_size=2)
-    assert [o.tolist() for o in udf.func(iter([(texts, blobs)]))] == [[12, 20], [13]]
+    assert [o.to_pylist() for o in outputs(udf, [(texts, blobs)])] == [[12, 20], [13]]
 
 
 def test_torch_outputs_and_empty_batches():
@@ -158,11 +182,11 @@ def test_torch_outputs_and_empty_batches():
         return {"sum1": t * 2, "sum2": t + 1}
 
     udf = predict_batch_udf(fn(predict), return_type=SUMS, batch_size=4)
-    out = list(udf.func(iter([scalars(0), scalars(3)])))
-    assert len(out) == 1 and out[0].to_dict("list") == {"sum1": [0.0, 2.0, 4.0], "sum2": [1.0, 2.0, 3.0]}
+    out = list(outputs(udf, [scalars(0), scalars(3)]))
+    assert len(out) == 1 and out[0].to_pylist() == [{"sum1": 2.0 * i, "sum2": i + 1.0} for i in range(3)]
     tensors = predict_batch_udf(fn(lambda x: torch.tensor(x).reshape(-1, 1)), return_type=DoubleType(),
                                 batch_size=4)
-    assert [o.tolist() for o in tensors.func(iter([scalars(2)]))] == [[0.0, 1.0]]
+    assert [o.to_pylist() for o in outputs(tensors, [scalars(2)])] == [[0.0, 1.0]]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
@@ -184,11 +208,11 @@ def test_the_cache_loads_once_per_udf_and_keeps_the_most_recent(monkeypatch):
 
     udfs = [predict_batch_udf(make(i), return_type=DoubleType(), batch_size=2) for i in range(3)]
     for udf in udfs[:2] + udfs[:2]:  # a reused worker: each UDF's model is loaded once
-        list(udf.func(iter([scalars(3)])))
+        list(outputs(udf, [scalars(3)]))
     assert loads == [0, 1]
-    list(udfs[2].func(iter([scalars(3)])))  # a third: the least recently used goes
-    list(udfs[1].func(iter([scalars(3)])))
-    list(udfs[0].func(iter([scalars(3)])))
+    list(outputs(udfs[2], [scalars(3)]))  # a third: the least recently used goes
+    list(outputs(udfs[1], [scalars(3)]))
+    list(outputs(udfs[0], [scalars(3)]))
     assert loads == [0, 1, 2, 0] and len(cache.keys()) == 2
     cache.clear()
     assert cache.keys() == []
