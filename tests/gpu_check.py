@@ -9,7 +9,11 @@ runs are in local mode over a dataset handle written with pyarrow, so no Spark j
      loader in a local-mode ``Distributor`` run with ``use_gpu=True``;
   2. a rank started from a process that has initialised CUDA is spawned, not forked, and works; a forced fork
      fails as CUDA says it must (which is why the fallback exists);
-  3. ``TorchModel`` inference on the GPU predicts what it predicts on the CPU.
+  3. ``TorchModel`` inference on the GPU predicts what it predicts on the CPU;
+  4. FSDP2 (tests/scripts/train_fsdp.py: ``fully_shard`` over NCCL) trains, saves sharded checkpoints (in the
+     background: staged from GPU to CPU memory), and a second run of the same ``run_id`` resumes from them;
+  5. DeepSpeed ZeRO stages 2 and 3 through ``spark_dist.DeepspeedTorchDistributor`` with a resume
+     (tests/gpu_check_deepspeed.py; skipped where deepspeed is not importable).
 
 ``--cpu`` runs the same steps without a GPU (gloo, CPU inference; step 2's fork failure is skipped), to check
 the script itself. Prints one line per check and exits non-zero if any fails.
@@ -119,20 +123,63 @@ def check_fork_after_cuda(handle, use_gpu):
 
 def check_inference(pixels, use_gpu):
     import numpy as np
-    import pandas as pd
 
     from spark_dist.ml import model as model_module
     from spark_dist.ml.persistence import dumps
 
     payload = dumps(mlp())
-    features = pd.Series(list(pixels[:1000]))
-    on_device = model_module.worker_module("gpu-check", payload, use_gpu)
+    features = pixels[:1000]
+    on_device = model_module.load_for_inference(payload, use_gpu)
     device = next(on_device.parameters()).device
-    on_cpu = model_module.worker_module("gpu-check", payload, False)
-    a = model_module.predict_chunks(on_device, features, 256)
-    b = model_module.predict_chunks(on_cpu, features, 256)
+    on_cpu = model_module.load_for_inference(payload, False)
+    a = model_module.forward_rows(on_device, features)
+    b = model_module.forward_rows(on_cpu, features)
     ok = (device.type == "cuda") == use_gpu and np.allclose(a, b, atol=1e-4)
     return ok, f"inference on {device}: max |gpu - cpu| = {np.abs(a - b).max():.2e}"
+
+
+def regression_handle(directory):
+    """tests/scripts/train_fsdp.py's "train" dataset (``x``: 4 floats, ``y``) as one Parquet file and its handle."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dist.data.handle import ColumnStats, describe_files
+
+    ids = np.arange(200)
+    x = np.stack([np.sin(ids * k) for k in (1, 2, 3, 4)], axis=1).astype("float32")
+    table = pa.table({"x": pa.array(list(x), type=pa.list_(pa.float32())), "y": pa.array(np.cos(ids))})
+    path = os.path.join(directory, "regression.parquet")
+    pq.write_table(table, path)
+    return describe_files("train", f"file://{directory}", [f"file://{path}"], {"x": "array", "y": "scalar"},
+                          {"x": ColumnStats(length=4)})
+
+
+def check_fsdp(directory, use_gpu):
+    from spark_dist import Distributor
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+    from train_fsdp import train
+
+    handle = regression_handle(directory)
+    runs = [Distributor(num_processes=1, local_mode=True, use_gpu=use_gpu, verbose=False, run_id="gpu-fsdp",
+                        checkpoint_dir=os.path.join(directory, "fsdp")).run(
+        train, epochs, batch_size=16, async_save=True, datasets={"train": handle}) for epochs in (2, 4)]
+    first, resumed = runs
+    losses = {**first["losses"], **resumed["losses"]}
+    ok = resumed["resumed_at"] == (1, 12) and sorted(losses) == [0, 1, 2, 3] and losses[3] < losses[0]
+    return ok, (f"FSDP2 on {'cuda' if use_gpu else 'cpu'}: resumed at {resumed['resumed_at']}, "
+                f"loss {losses[0]:.4f} -> {losses[3]:.4f}")
+
+
+def check_deepspeed(use_gpu):
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as exc:
+        return None, f"skipped: deepspeed is not importable ({exc})"
+    from gpu_check_deepspeed import check_deepspeed as check
+
+    return check(use_gpu)
 
 
 def main() -> int:
@@ -151,13 +198,15 @@ def main() -> int:
         handle, pixels, labels = digits_handle(directory)
         for name, check in (("training", lambda: check_training(handle, pixels, labels, use_gpu)),
                             ("inference", lambda: check_inference(pixels, use_gpu)),
-                            ("fork after CUDA", lambda: check_fork_after_cuda(handle, use_gpu))):
+                            ("fork after CUDA", lambda: check_fork_after_cuda(handle, use_gpu)),
+                            ("FSDP2", lambda: check_fsdp(directory, use_gpu)),
+                            ("DeepSpeed", lambda: check_deepspeed(use_gpu))):
             try:
                 ok, detail = check()
             except Exception as exc:  # noqa: BLE001 -- report and go on to the next check
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
-            failed += not ok
-            print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+            failed += ok is False
+            print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
     return 1 if failed else 0
 
 

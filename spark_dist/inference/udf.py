@@ -56,7 +56,12 @@ def predict_batch_udf(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     # One key per call on the driver: a new UDF loads its model afresh in every worker (as in PySpark).
-    spec = UdfSpec(make_predict_fn, return_type, batch_size, input_tensor_shapes, uuid.uuid4().hex)
+    return udf_of(UdfSpec(make_predict_fn, return_type, batch_size, input_tensor_shapes, uuid.uuid4().hex))
+
+
+def udf_of(spec: UdfSpec):
+    """The UDF for ``spec``: an Arrow UDF where PySpark has them, else a pandas UDF. ``TorchModel.transform``
+    builds its own ``spec`` (its key is the weights' digest, so a later transform finds the model loaded)."""
     if _has_arrow_udfs():
         return _arrow_udf(spec)
     return _pandas_udf(spec)

@@ -6,7 +6,7 @@ import inspect
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from . import batches, cache, results
 
@@ -22,6 +22,7 @@ class UdfSpec:
     batch_size: int
     input_tensor_shapes: Any
     key: str  # one per predict_batch_udf call: the model cache's key
+    key_suffix: Optional[Callable[[], str]] = None  # called in the worker: what else the cached model depends on
 
 
 def expected_inputs(predict_fn: Callable) -> int:
@@ -39,7 +40,8 @@ def predict_batches(spec: UdfSpec, data: Iterator[Any], arrow_type=None) -> Iter
         ValueError: the inputs do not fit the predict function or ``input_tensor_shapes``, or its output does
             not fit ``return_type`` (PySpark's messages).
     """
-    predict_fn = cache.get_or_load(spec.key, spec.make_predict_fn)
+    key = spec.key + (spec.key_suffix() if spec.key_suffix is not None else "")
+    predict_fn = cache.get_or_load(key, spec.make_predict_fn)
     expected = expected_inputs(predict_fn)
     shapes = batches.dense_shapes(spec.input_tensor_shapes, expected)
     size = spec.batch_size

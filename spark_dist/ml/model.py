@@ -1,28 +1,22 @@
 """``TorchModel``: the fitted Spark ML Model; ``transform`` is vectorised batch inference.
 
-Inference runs as a scalar-iterator ``pandas_udf`` over Arrow batches: each Python worker unpickles the
-module once (kept in a small module-level cache keyed by the weights' digest, so reused workers and later
+Inference is :func:`spark_dist.predict_batch_udf`'s machinery: each Python worker unpickles the module once
+(the inference cache, keyed by the weights' digest and the task's device, so reused workers and later
 transforms skip even that) and runs one forward pass per chunk of rows, never per row.
 """
 import hashlib
-import threading
-from collections import OrderedDict
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+import inspect
+from typing import Any, Callable, Dict, List, Optional
 
-import pandas as pd
+import numpy as np
 from pyspark import keyword_only
 from pyspark.ml import Model
 
 from ..errors import ConfigError
-from ..task import warm_imports
 from . import inputs, transform_inputs, transforms
 from .params import TorchParams
 from .persistence import TorchPersistence, dumps, loads
 
-# Python-worker side: digest -> module, the most recent few (a worker may serve several models).
-_MODULES: "OrderedDict[str, Any]" = OrderedDict()
-_MODULES_LOCK = threading.Lock()
-_MODULES_KEPT = 4
 CHUNK_ROWS = 4096  # rows per forward pass at least (batchSize when larger): bounds activation memory
 
 CLASSIFY, BINARY, REGRESS, VECTOR_OUT = "classify", "binary", "regress", "vector"
@@ -44,31 +38,16 @@ def inference_device(use_gpu: bool):
     return torch.device("cuda", cuda_ordinal(gpus[0]) if gpus else torch.cuda.current_device())
 
 
-def worker_module(key: str, payload: bytes, use_gpu: bool):
-    """The module for ``key`` in this Python worker on this task's device, unpickled on first use, in eval
-    mode (or, for a payload of ``{"model", "transform"}``, that dict with its module so). The cache is keyed by
-    device too: a reused worker may serve tasks holding other GPUs."""
+def load_for_inference(payload: bytes, use_gpu: bool):
+    """The pickled module on this task's device, in eval mode (or, for a payload of ``{"model", "transform"}``,
+    that dict with its module so)."""
     device = inference_device(use_gpu)
-    cache_key = f"{key}@{device}"
-    with _MODULES_LOCK:
-        module = _MODULES.get(cache_key)
-        if module is not None:
-            _MODULES.move_to_end(cache_key)
-            return module
-    # A worker that served a training run may still be importing in the background (a run's barrier stage is a
-    # mapInArrow job, in the UDFs' workers); unpickling imports the model's modules, and two threads importing at
-    # once can deadlock on modules that import each other.
-    warm_imports.warmed()
-    module = loads(payload)
-    if isinstance(module, dict):
-        module["model"] = module["model"].to(device).eval()
+    objects = loads(payload)
+    if isinstance(objects, dict):
+        objects["model"] = objects["model"].to(device).eval()
     else:
-        module = module.to(device).eval()
-    with _MODULES_LOCK:
-        _MODULES[cache_key] = module
-        while len(_MODULES) > _MODULES_KEPT:
-            _MODULES.popitem(last=False)
-    return module
+        objects = objects.to(device).eval()
+    return objects
 
 
 def output_kind(loss, outputs: int) -> str:
@@ -79,70 +58,79 @@ def output_kind(loss, outputs: int) -> str:
     return VECTOR_OUT
 
 
-def predict_chunks(module, features: pd.Series, chunk: int):
-    """Model outputs for one Arrow batch of ``array<float>`` features, as a ``[rows, outputs]`` float64 array."""
-    import numpy as np
+def forward_rows(module, x) -> "np.ndarray":
+    """The model's outputs for feature rows ``x`` (a ``[rows, width]`` array, or an object array of per-row
+    arrays), as a ``[rows, outputs]`` float64 array; on a GPU the rows go over from pinned memory."""
     import torch
 
-    if len(features) == 0:
+    if len(x) == 0:
         return np.zeros((0, 0))
-    x = np.stack(features.to_numpy()).astype(np.float32, copy=False)
+    if x.dtype == np.object_:
+        x = np.stack(x)
     device = next(module.parameters(), torch.empty(0)).device
-    parts = []
+    rows = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    if device.type == "cuda":
+        rows = rows.pin_memory().to(device, non_blocking=True)
     with torch.inference_mode():
-        for start in range(0, len(x), chunk):
-            out = module(torch.from_numpy(x[start:start + chunk]).to(device))
-            parts.append(out.reshape(out.shape[0], -1).double().cpu().numpy())
-    return np.concatenate(parts)
+        out = module(rows)
+        return out.reshape(out.shape[0], -1).double().cpu().numpy()
+
+
+def _taking(fn: Callable, inputs: int) -> Callable:
+    """``fn`` as a predict function of ``inputs`` parameters (``predict_batch_udf`` counts them: one array per
+    feature column)."""
+    def predict(*arrays):
+        return fn(*arrays)
+
+    predict.__signature__ = inspect.Signature(
+        [inspect.Parameter(f"column{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(inputs)])
+    return predict
 
 
 def make_predict_udf(key: str, payload: bytes, kind: str, use_gpu: bool, chunk: int,
-                     kinds: Optional[Dict[str, str]] = None):
-    """The pandas UDF for one model; ``payload`` travels inside the pickled UDF (PySpark broadcasts it
-    itself once it is large). Without ``kinds`` it takes one ``array<float>`` column; with ``kinds`` (column
-    -> kind, in the UDF's argument order) one argument per feature column, and ``payload`` holds
-    ``{"model", "transform"}``: each Arrow batch becomes the loader's batch, the transform and the model run on
-    each ``chunk`` rows of it."""
-    import numpy as np
-    from pyspark.sql.functions import pandas_udf
+                     kinds: Optional[Dict[str, str]] = None, width: Optional[int] = None):
+    """The UDF for one model, made by :mod:`spark_dist.inference` (``predict_batch_udf``'s machinery: Arrow to
+    numpy without pandas where PySpark allows, the next batch read while the model runs, the worker's model
+    cache, keyed by ``key`` and the task's device). ``payload`` travels inside the pickled UDF (PySpark
+    broadcasts it itself once it is large). Without ``kinds`` it takes one ``array<float>`` column of ``width``
+    values (``None``: unknown); with ``kinds`` (column -> kind, in the UDF's argument order) one argument per
+    feature column, and ``payload`` holds ``{"model", "transform"}``: each ``chunk`` rows become the loader's
+    batch, then the transform and the model run on it."""
+    from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
+
+    from ..inference.udf import udf_of
+    from ..inference.worker import UdfSpec
 
     names = list(kinds or ())
 
-    def outputs(objects, args):
-        if kinds is None:
-            return predict_chunks(objects, args, chunk)
-        args = args if isinstance(args, tuple) else (args,)
-        batch = transforms.batch_of({c: a.to_numpy() for c, a in zip(names, args)}, kinds)
-        return transforms.predict_rows(objects["model"], objects["transform"], batch, chunk)
+    def make_predict_fn():
+        objects = load_for_inference(payload, use_gpu)
 
-    def typed(fn, returns):  # pandas_udf reads the argument's kind from the type hints: one Series, or several
-        fn.__annotations__ = {"batches": Iterator[Tuple[pd.Series, ...] if len(names) > 1 else pd.Series],
-                              "return": Iterator[returns]}
-        return fn
+        def outputs(*columns):
+            if kinds is None:
+                return forward_rows(objects, columns[0])
+            batch = transforms.batch_of(dict(zip(names, columns)), kinds)
+            return transforms.predict_rows(objects["model"], objects["transform"], batch, chunk)
+
+        def predict(*columns):
+            out = outputs(*columns)
+            if kind == REGRESS:
+                return out[:, 0] if len(out) else np.zeros(0)
+            if kind == VECTOR_OUT:
+                return out
+            if kind == BINARY:  # Spark's binary convention: rawPrediction = [-margin, margin]
+                out = np.concatenate([-out, out], axis=1)
+            return {"prediction": out.argmax(axis=1).astype("float64"), "raw": out}
+        return _taking(predict, max(1, len(names)))
 
     if kind in (CLASSIFY, BINARY):
-        def predict(batches):
-            module = worker_module(key, payload, use_gpu)
-            for features in batches:
-                out = outputs(module, features)
-                if len(out) == 0:
-                    yield pd.DataFrame({"prediction": pd.Series([], dtype="float64"),
-                                        "raw": pd.Series([], dtype="object")})
-                    continue
-                if kind == BINARY:  # Spark's binary convention: rawPrediction = [-margin, margin]
-                    out = np.concatenate([-out, out], axis=1)
-                yield pd.DataFrame({"prediction": out.argmax(axis=1).astype("float64"), "raw": list(out)})
-        return pandas_udf(typed(predict, pd.DataFrame), "prediction double, raw array<double>")
-
-    def regress(batches):
-        module = worker_module(key, payload, use_gpu)
-        for features in batches:
-            out = outputs(module, features)
-            if kind == REGRESS:
-                yield pd.Series(out[:, 0] if len(out) else [], dtype="float64")
-            else:
-                yield pd.Series(list(out), dtype="object")
-    return pandas_udf(typed(regress, pd.Series), "double" if kind == REGRESS else "array<double>")
+        returns = StructType([StructField("prediction", DoubleType()), StructField("raw", ArrayType(DoubleType()))])
+    else:
+        returns = DoubleType() if kind == REGRESS else ArrayType(DoubleType())
+    # Transform inputs reach the transform as the loader gives them (rows as they are); plain features stacked.
+    shapes = [None] * len(names) if kinds else [None if width is None else [width]]
+    return udf_of(UdfSpec(make_predict_fn, returns, chunk, shapes, key,
+                          key_suffix=lambda: f"@{inference_device(use_gpu)}"))
 
 
 class TorchModel(Model, TorchParams, TorchPersistence):
@@ -276,7 +264,8 @@ class TorchModel(Model, TorchParams, TorchPersistence):
         key = hashlib.sha256(payload).hexdigest()
         # A transform's output may be large per row (decoded images): batchSize rows at a time, as in training.
         chunk = self.getBatchSize() if fn is not None else max(CHUNK_ROWS, self.getBatchSize())
-        udf = make_predict_udf(key, payload, kind, self.getUseGpu(), chunk, kinds)
+        width = features.width or self._num_features if fn is None else None
+        udf = make_predict_udf(key, payload, kind, self.getUseGpu(), chunk, kinds, width)
         # SQL text over the columns by position, renamed back after (spark_dist.data.schema.sql, by_position).
         names = dataset.columns
         if fn is None:

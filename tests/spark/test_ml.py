@@ -10,7 +10,6 @@ from torch import nn
 
 from spark_dist import ConfigError
 from spark_dist.ml import TorchEstimator, TorchModel
-from spark_dist.ml import model as model_module
 from spark_dist.ml.training import learning_rate_at
 
 try:
@@ -453,16 +452,3 @@ def test_linear_scaling_rule_ramps_over_the_warm_up():
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
     assert learning_rate_at(0, 0.1, 4, 10, scale=False) == 0.1 and learning_rate_at(0, 0.1, 1, 10, True) == 0.1
     assert learning_rate_at(0, 0.1, 4, 0, True) == pytest.approx(0.4)
-
-
-def test_a_python_worker_unpickles_each_module_once():
-    from spark_dist.ml.persistence import dumps
-
-    payload = dumps(mlp())
-    model_module._MODULES.clear()
-    first = model_module.worker_module("k", payload, False)
-    assert model_module.worker_module("k", payload, False) is first and not first.training
-    for i in range(model_module._MODULES_KEPT + 1):
-        model_module.worker_module(f"other{i}", payload, False)
-    assert not any(k.startswith("k@") for k in model_module._MODULES)  # only the most recent few stay
-
