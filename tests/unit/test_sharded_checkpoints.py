@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.multiprocessing as mp  # noqa: E402
+from torch.multiprocessing.spawn import ProcessException  # noqa: E402
 
 from spark_dist.context import TrainContext  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
@@ -130,7 +131,7 @@ def resume_then_save(ctx, model, optimizer):
 
 def test_a_save_cut_short_before_its_commit_is_never_loaded(tmp_path):
     directory = str(tmp_path / "run")
-    with pytest.raises(mp.ProcessExitedException):
+    with pytest.raises(ProcessException):  # rank 0 exits; rank 1 may fail at the group it shared with it
         run_ranks(2, directory, save_then_die_before_commit, tmp_path)
     root = sharded_checkpoints.sharded_root(directory)
     assert sorted(os.listdir(root)) == ["00000001", "00000002"]
