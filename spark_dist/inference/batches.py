@@ -118,12 +118,15 @@ def _dense_rows(array) -> Optional[np.ndarray]:
 
 def _arrow_numpy(array) -> np.ndarray:
     """What the pandas UDF's ``Series.to_numpy()`` gives for this Arrow column: numbers without nulls as they
-    are (no copy), else pyarrow's pandas conversion (nulls as NaN or None, lists as per-row arrays)."""
+    are (no copy), strings and bytes without nulls as object arrays, else pyarrow's pandas conversion (nulls as
+    NaN or None, lists as per-row arrays)."""
     import pyarrow as pa
 
     kind = array.type
-    if not array.null_count and (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
-        return array.to_numpy(zero_copy_only=False)
+    if not array.null_count and (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                                 or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                                 or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+        return array.to_numpy(zero_copy_only=False)  # strings and bytes: one object each, as pandas makes them
     return array.to_pandas(date_as_object=True).to_numpy()
 
 
