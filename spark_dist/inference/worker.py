@@ -40,7 +40,7 @@ def predict_batches(spec: UdfSpec, data: Iterator[Any], arrow_type=None) -> Iter
         ValueError: the inputs do not fit the predict function or ``input_tensor_shapes``, or its output does
             not fit ``return_type`` (PySpark's messages).
     """
-    key = spec.key + (spec.key_suffix() if spec.key_suffix is not None else "")
+    key = spec.key + task_gpu() + (spec.key_suffix() if spec.key_suffix is not None else "")
     predict_fn = cache.get_or_load(key, spec.make_predict_fn)
     expected = expected_inputs(predict_fn)
     shapes = batches.dense_shapes(spec.input_tensor_shapes, expected)
@@ -67,6 +67,28 @@ def predict_batches(spec: UdfSpec, data: Iterator[Any], arrow_type=None) -> Iter
             else:
                 raise ValueError(f"Model expected {expected} inputs, but received {columns} columns")
             yield output(preds, stop - start, spec.return_type)
+
+
+def task_gpu() -> str:
+    """Make this task's own GPU (``spark.task.resource.gpu.amount``) CUDA's current device, so that a
+    ``make_predict_fn`` moving its model to ``"cuda"`` puts it there, and name it for the model cache's key (a
+    reused worker may serve tasks holding other GPUs of the executor: each gets the model on its own GPU).
+    ``""`` for a task without GPUs (torch is not even imported then) or where CUDA sees none."""
+    from pyspark import TaskContext
+
+    from ..spark.resources import cuda_ordinal, task_gpu_addresses
+
+    task = TaskContext.get()
+    gpus = task_gpu_addresses(task) if task is not None else []
+    if not gpus:
+        return ""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    ordinal = cuda_ordinal(gpus[0])
+    torch.cuda.set_device(ordinal)
+    return f"@cuda:{ordinal}"
 
 
 def prefetched(data: Iterator[Any], convert: Callable[[Any], Any]) -> Iterator[Any]:

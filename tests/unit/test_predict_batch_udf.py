@@ -237,3 +237,31 @@ def test_concurrent_tasks_load_a_model_once():
     cache.clear()
     with pytest.raises(TypeError, match="make_predict_fn returned NoneType"):
         cache.get_or_load("none", lambda: None)
+
+
+def test_a_task_with_a_gpu_loads_its_model_on_that_gpu(monkeypatch):
+    """A stand-in for a GPU (none here): Spark's task resources and CUDA's device calls are faked; the rest runs."""
+    import types
+
+    import pyspark
+    import torch
+
+    cache.clear()
+    task_gpus, devices, loads = [], [], []
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: types.SimpleNamespace(
+        resources=lambda: {"gpu": types.SimpleNamespace(addresses=list(task_gpus))} if task_gpus else {})))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")  # as YARN sets it: Spark's address 1 is CUDA's device 1
+
+    def make_predict_fn():
+        loads.append(devices[-1] if devices else None)
+        return lambda x: x
+
+    udf = predict_batch_udf(make_predict_fn, return_type=DoubleType(), batch_size=2)
+    for gpus in (["3"], ["1"], ["3"], []):  # tasks of one reused worker, holding the executor's two GPUs in turn
+        task_gpus[:] = gpus
+        list(outputs(udf, [scalars(3)]))
+    assert devices == [0, 1, 0]  # each task made its own GPU current; the task without one touched nothing
+    assert loads == [0, 1, 0]  # a model per GPU (the third task found GPU 0's), and one for the task without
+    cache.clear()
