@@ -1,4 +1,4 @@
-"""spark_dist: distributed PyTorch training on Apache Spark (DDP or Horovod) with Petastorm loaders."""
+"""spark_dist: distributed PyTorch training on Apache Spark (DDP, Horovod or DeepSpeed) with Petastorm loaders."""
 from .data import petastorm_compat
 
 petastorm_compat.install()  # before anything imports Petastorm: it needs names new pyarrow and numpy removed
@@ -6,11 +6,12 @@ petastorm_compat.install()  # before anything imports Petastorm: it needs names 
 from .context import TrainContext, get_context, log_to_driver  # noqa: E402
 from .errors import ClusterConfigError, ConfigError, RankFailure, RunTimeoutError, TrainingFailedError  # noqa: E402
 from .driver.distributor import Distributor  # noqa: E402
-from .dropins import HorovodRunner, TorchDistributor  # noqa: E402
+from .dropins import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor  # noqa: E402
 
 __all__ = [
-    "Distributor", "TorchDistributor", "HorovodRunner", "predict_batch_udf", "get_context", "TrainContext",
-    "log_to_driver", "TrainingFailedError", "RunTimeoutError", "ConfigError", "ClusterConfigError", "RankFailure",
+    "Distributor", "TorchDistributor", "DeepspeedTorchDistributor", "HorovodRunner", "predict_batch_udf",
+    "get_context", "TrainContext", "log_to_driver", "TrainingFailedError", "RunTimeoutError", "ConfigError",
+    "ClusterConfigError", "RankFailure",
 ]
 __version__ = "0.1.0"
 

@@ -16,6 +16,7 @@ from .wire.ranks import LAYOUTS
 CONF_CHECKPOINT_DIR = "spark.dist.checkpointDir"
 CONF_ALLOW_UNENCRYPTED = "spark.dist.allowUnencryptedTraining"
 CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # honoured for drop-in users
+CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL = "deepspeed.spark.distributor.ignoreSsl"  # the same, PySpark's DeepSpeed key
 CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
 CONF_RETRY_SLOT_WAIT = "spark.dist.retrySlotWaitTimeout"
 CONF_HOST_LOST_TIMEOUT = "spark.dist.hostLostTimeout"
@@ -27,6 +28,7 @@ CONF_HOROVOD_RENDEZVOUS_PORT = "spark.dist.horovod.rendezvousPort"
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
+                CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL,
                 CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
                 CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
@@ -267,13 +269,15 @@ class RunConfig:
         elif not local_mode and use_gpu:
             require_task_gpus(conf)
         ssl_enabled = _conf_bool(conf, "spark.ssl.enabled")
-        allow_unencrypted = _conf_bool(conf, CONF_ALLOW_UNENCRYPTED) or _conf_bool(conf, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL)
+        allow_unencrypted = any(_conf_bool(conf, key) for key in (
+            CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL))
         # Local mode keeps the traffic on the driver's machine: allowed, as PySpark checks only task runs.
         if ssl_enabled and not allow_unencrypted and not local_mode:
             raise ClusterConfigError(
                 "spark.ssl.enabled is true, but training traffic between ranks (gloo/NCCL/Horovod) has no "
                 f"encryption. To run anyway, set {CONF_ALLOW_UNENCRYPTED}=true (or "
-                f"{CONF_TORCH_DISTRIBUTOR_IGNORE_SSL}=true, PySpark's key), or use local_mode=True"
+                f"{CONF_TORCH_DISTRIBUTOR_IGNORE_SSL}=true or {CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL}=true, "
+                "PySpark's keys), or use local_mode=True"
             )
         per_task = 1
         if use_gpu and not local_mode:

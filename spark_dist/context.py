@@ -45,6 +45,18 @@ class TrainContext:
 
         return torch.device(f"cuda:{self.local_rank}") if self.use_gpu else torch.device("cpu")
 
+    _deepspeed_config = None  # set in the rank by spark_dist/task/deepspeed_args.py
+
+    @property
+    def deepspeed_config(self) -> Optional[Dict[str, Any]]:
+        """The config a :class:`~spark_dist.DeepspeedTorchDistributor` run was given (its ``deepspeedConfig``,
+        a dict or the file's content), a fresh copy on each read, ready for ``deepspeed.initialize(...,
+        config=ctx.deepspeed_config)``; ``None`` without one or in other runs. ``sys.argv`` holds
+        ``--deepspeed --deepspeed_config FILE`` too, as PySpark gives it."""
+        import copy
+
+        return copy.deepcopy(self._deepspeed_config)
+
     # -- data -------------------------------------------------------------------------------------------
     def loader(self, name: str, batch_size: int, *, epoch: int = 0, shuffle: bool = True, seed: int = 0,
                columns=None, drop_last: bool = True, dtypes=None, pad=None, pad_side: str = "right", ragged=(),

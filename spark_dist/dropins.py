@@ -1,13 +1,16 @@
-"""Drop-in replacements: moving from PySpark's TorchDistributor or Databricks' HorovodRunner is one
-changed import. Each keeps its original's signature, defaults, public attributes and errors (tested side by
-side with PySpark's in ``tests/test_pyspark_parity.py``); underneath is spark_dist's launcher."""
+"""Drop-in replacements: moving from PySpark's TorchDistributor or DeepspeedTorchDistributor, or Databricks'
+HorovodRunner, is one changed import. Each keeps its original's signature, defaults, public attributes and
+errors (tested side by side with PySpark's in ``tests/spark/test_pyspark_parity.py`` and
+``tests/spark/test_deepspeed_parity.py``); underneath is spark_dist's launcher."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict
+import os
+from typing import Any, Dict, Optional, Union
 
 from .spark import session
-from .config import CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, ranks_per_task, require_task_gpus
+from .config import (CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, ranks_per_task,
+                     require_task_gpus)
 from .errors import ClusterConfigError, ConfigError
 from .driver.distributor import Distributor
 
@@ -99,6 +102,80 @@ class TorchDistributor(Distributor):
             ConfigError, DatasetError, TrainingFailedError, RunTimeoutError: as :meth:`spark_dist.Distributor.run`.
         """
         return self._run(train_object, args, kwargs, datasets)
+
+
+class DeepspeedTorchDistributor(TorchDistributor):
+    """PySpark's ``pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor``: same arguments and
+    defaults (``numGpus=1, nnodes=1, localMode=True, useGpu=True, deepspeedConfig=None``), attributes
+    (``deepspeed_config``, ``cleanup_deepspeed_conf``, ``ssl_conf`` = ``deepspeed.spark.distributor.ignoreSsl``
+    and :class:`TorchDistributor`'s) and rank layout: ``numGpus * nnodes`` ranks, each Spark task a torchrun
+    node, as :class:`TorchDistributor` runs them.
+
+    ``deepspeedConfig`` (a dict, the path of a JSON file, or ``None`` for DeepSpeed's defaults) reaches a
+    script, and the ``sys.argv`` of a function, as PySpark passes it: ``--deepspeed --deepspeed_config FILE``
+    after the script's own arguments (``--deepspeed`` alone without a config). FILE is the path given where it
+    exists on the rank's host, else a private copy of what the driver read. Beyond PySpark, a function reads
+    the config itself as ``spark_dist.get_context().deepspeed_config`` (a dict, or ``None``)::
+
+        def train():
+            import deepspeed
+            ctx = spark_dist.get_context()
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ctx.deepspeed_config)
+
+    ``run(train_object, *args, **kwargs)``, :meth:`run_with_datasets` and the further
+    :class:`~spark_dist.Distributor` options (``max_retries``, ``timeout``, ...) are :class:`TorchDistributor`'s.
+
+    Raises:
+        ConfigError: (a ``ValueError``) ``numGpus`` or ``nnodes`` is not a positive integer; at ``run``, before
+            any job: ``deepspeedConfig`` of another type, a dict that is not JSON, a file that is neither JSON
+            nor HJSON, or (local mode) a path that does not exist.
+        ClusterConfigError: (a ``RuntimeError``) as :class:`TorchDistributor`'s.
+    """
+
+    _DEEPSPEED_SSL_CONF = CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL
+
+    def __init__(self, numGpus: int = 1, nnodes: int = 1, localMode: bool = True, useGpu: bool = True,
+                 deepspeedConfig: Optional[Union[str, Dict[str, Any]]] = None, **options: Any):
+        for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                # "positive": the word of PySpark's message (num_processes = numGpus * nnodes)
+                raise ConfigError(f"{name} has to be a positive integer, got {value!r}")
+        self.deepspeed_config = deepspeedConfig
+        super().__init__(numGpus * nnodes, localMode, useGpu, _ssl_conf=self._DEEPSPEED_SSL_CONF, **options)
+        self.cleanup_deepspeed_conf = False
+        self.input_params = {"deepspeed_config": deepspeedConfig, **self.input_params}
+
+    def _job_fields(self, train_object) -> Dict[str, Any]:
+        """The config for the ranks (see :mod:`spark_dist.task.deepspeed_args`), checked here.
+
+        Raises:
+            ConfigError: as the class says.
+        """
+        from .task.deepspeed_args import parse
+
+        config = self.deepspeed_config
+        if config is None or config == "":  # PySpark: no --deepspeed_config, DeepSpeed's defaults
+            return {"deepspeed": True}
+        if isinstance(config, dict):
+            import json
+
+            try:
+                text = json.dumps(config)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"deepspeedConfig must be a JSON-serialisable dict: {exc}") from None
+            return {"deepspeed": True, "deepspeed_config_text": text}
+        if not isinstance(config, (str, os.PathLike)):
+            raise ConfigError(f"deepspeedConfig must be a dict, the path of a JSON file or None, "
+                              f"got {type(config).__name__}")
+        path = os.fspath(config)
+        if not os.path.isfile(path):
+            if self.local_mode:
+                raise ConfigError(f"deepspeedConfig file {path!r} does not exist (local mode runs the ranks here)")
+            return {"deepspeed": True, "deepspeed_config_path": path}  # it may exist on the executors only
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        parse(text, f"file {path!r}")
+        return {"deepspeed": True, "deepspeed_config_path": os.path.abspath(path), "deepspeed_config_text": text}
 
 
 def _driver_gpu_count(spark) -> int:

@@ -137,6 +137,23 @@ def spark_local(spark_manager):
 
 
 @pytest.fixture
+def runtime_conf(spark_local):
+    """spark.conf.set on the local session for the test, restored after it (``runtime_conf(key, value)``)."""
+    before = {}
+
+    def set_conf(key, value):
+        before.setdefault(key, spark_local.conf.get(key, None))
+        spark_local.conf.set(key, value)
+
+    yield set_conf
+    for key, value in before.items():
+        if value is None:
+            spark_local.conf.unset(key)
+        else:
+            spark_local.conf.set(key, value)
+
+
+@pytest.fixture
 def spark_local_cluster(spark_manager):
     yield from _session(spark_manager, LOCAL_CLUSTER)
 

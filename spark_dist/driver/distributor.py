@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from ..task import checkpoint_dirs, output
 from ..spark import session
-from . import tracking
+from . import slots, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
 from ..wire.pickling import by_value
@@ -40,7 +40,9 @@ class Distributor:
             to pass to ``init_process_group``.
         max_retries: resubmit a failed run this many times; the function resumes from its last checkpoint.
         timeout: seconds the whole run may take (all attempts, counted once the datasets are written: a
-            first write of a large DataFrame is Spark's work, not training); ``None`` for no limit.
+            first write of a large DataFrame is Spark's work, not training; nor is the time an attempt waits
+            for slots that other runs of this process hold, see :mod:`spark_dist.driver.slots`); ``None``
+            for no limit.
         checkpoint_dir: where ``ctx.save_checkpoint`` writes (conf ``spark.dist.checkpointDir``); it must be
             visible to every executor. Default: a per-run directory in the driver's temp dir.
         run_id: name of the run; give the id of an earlier run to resume from its checkpoints.
@@ -105,7 +107,7 @@ class Distributor:
         config = RunConfig.build(spark_conf=conf, **self._args)
         backend = get_backend(config.backend, config)
         backend.check_available()
-        job_bytes = _pickle_job(train_object, args, kwargs)
+        job_bytes = _pickle_job(train_object, args, kwargs, **self._job_fields(train_object))
         if config.local_mode and config.use_gpu:
             from ..spark.resources import local_gpu_addresses
 
@@ -152,8 +154,10 @@ class Distributor:
         for attempt in range(config.max_retries + 1):
             if attempt:  # a lost executor may still be coming back
                 self._wait_to_retry(config, spark, failures_seen, attempt, started)
-            remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
-            with _kept(handles):  # no eviction of these caches while the ranks read them
+            # no eviction of these caches while the ranks read them; the job only once its slots are free
+            with _kept(handles), slots.held(spark, config.num_tasks, config.local_mode) as queued:
+                started += queued  # waiting behind this process's other runs is not the run's time
+                remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).
                 outcome = Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
                                   remaining).run()
@@ -205,6 +209,11 @@ class Distributor:
                 f"run {config.run_id} could not be retried: {exc} after waiting {wait:g}s for the cluster to "
                 f"replace lost executors (raise {CONF_RETRY_SLOT_WAIT}, or timeout=); attempt {attempt - 1} had "
                 f"failed: {root_cause(failures).headline()}") from TrainingFailedError(failures, attempt, config.run_id)
+
+    def _job_fields(self, train_object) -> Dict[str, Any]:
+        """Further :class:`~spark_dist.wire.protocol.Job` fields a subclass sends its ranks (checked here,
+        before any job)."""
+        return {}
 
     def _session(self):
         if self._spark is not None:
@@ -350,7 +359,7 @@ def _run_checkpoint_dir(config: RunConfig) -> str:
     return path
 
 
-def _pickle_job(train_object, args, kwargs) -> bytes:
+def _pickle_job(train_object, args, kwargs, **job_fields) -> bytes:
     """Pickle the function (or read the script) on the driver, so errors show here, before any job.
 
     Raises:
@@ -366,12 +375,12 @@ def _pickle_job(train_object, args, kwargs) -> bytes:
             raise ConfigError("keyword arguments cannot be passed to a script: pass them as '--name=value' args")
         with open(path, "rb") as f:
             source = f.read()
-        job = Job(script_path=path, script_source=source, script_args=tuple(str(a) for a in args))
+        job = Job(script_path=path, script_source=source, script_args=tuple(str(a) for a in args), **job_fields)
         return cloudpickle.dumps(job)
     if not callable(train_object):
         raise ConfigError(f"train_object must be a function or a path to a .py file, got {type(train_object).__name__}")
     with by_value([train_object]):
         try:
-            return cloudpickle.dumps(Job(fn=train_object, args=tuple(args), kwargs=dict(kwargs)))
+            return cloudpickle.dumps(Job(fn=train_object, args=tuple(args), kwargs=dict(kwargs), **job_fields))
         except Exception as exc:
             raise ConfigError(f"the training function or its arguments cannot be pickled: {exc}") from exc

@@ -20,6 +20,7 @@ from ..wire.protocol import PROGRESS, REPORTS, Job, LaunchSpec
 from ..wire.ranks import RankInfo
 from ..wire.signed_store import SignedStore, join_store
 from ..wire.store_log import StoreLog
+from . import deepspeed_args
 from .warm_imports import IMPORTED_DYNAMO
 
 
@@ -92,7 +93,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     context._set_context(ctx)
     teardown.before_destroy(ctx.wait_for_checkpoints)
     try:
-        job: Job = cloudpickle.loads(spec.job_bytes)
+        job: Job = deepspeed_args.prepare(cloudpickle.loads(spec.job_bytes), ctx, workdir)
         if job.script_path is not None:
             _run_script(job, workdir)
             result = None

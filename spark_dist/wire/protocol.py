@@ -118,6 +118,11 @@ class Job:
     script_path: Optional[str] = None
     script_source: Optional[bytes] = None
     script_args: Tuple[str, ...] = ()
+    # DeepspeedTorchDistributor's run (see spark_dist/task/deepspeed_args.py): the ranks get "--deepspeed" and,
+    # with a config, "--deepspeed_config FILE" (sys.argv), and a function ctx.deepspeed_config.
+    deepspeed: bool = False
+    deepspeed_config_path: Optional[str] = None  # the path the user gave, used where it exists
+    deepspeed_config_text: Optional[str] = None  # the config itself (a dict's JSON, or the file as the driver read it)
 
 
 @dataclass(frozen=True)

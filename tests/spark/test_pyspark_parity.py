@@ -27,23 +27,6 @@ def rank_view(scale, tag=None, datasets=None):
             "master": bool(os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))}
 
 
-@pytest.fixture
-def runtime_conf(spark_local):
-    """spark.conf.set for the test, restored after it."""
-    before = {}
-
-    def set_conf(key, value):
-        before.setdefault(key, spark_local.conf.get(key, None))
-        spark_local.conf.set(key, value)
-
-    yield set_conf
-    for key, value in before.items():
-        if value is None:
-            spark_local.conf.unset(key)
-        else:
-            spark_local.conf.set(key, value)
-
-
 @pytest.mark.parametrize("cls", CLASSES)
 def test_num_processes_must_be_positive(spark_local, cls):
     with pytest.raises(ValueError, match="positive"):
