@@ -5,9 +5,10 @@ formats a rank's failure as ``rank 1 on host h: ...``.
 """
 from __future__ import annotations
 
+import re
 import signal as _signal
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 
 class DatasetError(ValueError):
@@ -56,6 +57,25 @@ _SECONDARY_MARKERS = (
 )
 
 
+# A rank that ran out of memory: the exception types and texts that say so, host or CUDA, and where each names
+# the size it asked for. The next attempt asks for as much, so it is not retried as if it were transient.
+_OOM_TYPES = {"torch.OutOfMemoryError": "CUDA", "torch.cuda.OutOfMemoryError": "CUDA", "MemoryError": "host",
+              "numpy._core._exceptions._ArrayMemoryError": "host", "numpy.core._exceptions._ArrayMemoryError": "host"}
+_OOM_TEXTS = {"CUDA out of memory": "CUDA", "DefaultCPUAllocator: can't allocate memory": "host"}
+_ASKED = (re.compile(r"[Tt]ried to allocate ([\d.]+ ?[KMGTP]?i?B)\b"),
+          re.compile(r"tried to allocate (\d+) bytes"), re.compile(r"Unable to allocate ([\d.]+ ?[KMGTP]?i?B)\b"))
+
+
+def _size(text: str) -> str:
+    """``"8000000000000"`` (bytes) as ``"7.28 TiB"``; a size that has its unit already as it is."""
+    if not text.isdigit():
+        return text
+    value, units = float(text), ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.2f} {units[0]}" if units[0] != "bytes" else f"{int(value)} bytes"
+
+
 @dataclass
 class RankFailure:
     """What one rank reported when it failed.
@@ -87,6 +107,21 @@ class RankFailure:
             return self.in_collective
         text = f"{self.exc_type} {self.message}"
         return self.kind == "exception" and any(m in text for m in _SECONDARY_MARKERS)
+
+    @property
+    def out_of_memory(self) -> Optional[Tuple[str, str]]:
+        """``(where, asked)`` for a rank that raised because it ran out of memory: ``where`` is ``"CUDA"`` or
+        ``"host"``, ``asked`` the size of the allocation that failed as the exception names it (``"2.00 GiB"``;
+        ``"an unknown size"`` where it does not); ``None`` for any other failure."""
+        if self.kind != "exception":
+            return None
+        where = _OOM_TYPES.get(self.exc_type)
+        if where is None:
+            where = next((w for text, w in _OOM_TEXTS.items() if text in self.message), None)
+        if where is None:
+            return None
+        asked = next((m.group(1) for m in (p.search(self.message) for p in _ASKED) if m), None)
+        return where, _size(asked) if asked else "an unknown size"
 
     @property
     def in_collective(self) -> bool:
@@ -121,6 +156,13 @@ class RankFailure:
             return f"{who} on host {self.host} {state} ({self.message}){': at ' + where if where else ''}"
         if self.kind == "exit":
             return f"{who} on host {self.host} exited with code {self.exit_code}: {self.message}"
+        memory = self.out_of_memory
+        if memory is not None:
+            where, asked = memory
+            return (f"{who} on host {self.host} ran out of {where} memory asking for {asked} ({self.exc_type}: "
+                    f"{self.message.strip().splitlines()[0][:300] if self.message.strip() else ''}). Not retried: "
+                    "another attempt would ask for as much. Use smaller batches, shard the model over the ranks "
+                    "(FSDP2, DeepSpeed ZeRO: docs/large_models.md), or give the ranks more memory")
         if self.exc_type and self.kind not in ("lost", "cancelled"):  # a lost task's exc_type is Spark's, not the rank's
             return f"{who} on host {self.host} raised {self.exc_type}: {self.message}"
         return f"{who} on host {self.host}: {self.message}"

@@ -206,7 +206,8 @@ def lost_task_failures(seen: Seen) -> List[RankFailure]:
 
 # -- retry rules --------------------------------------------------------------------------------------------
 # Failures that would happen again on every attempt: a module missing on the executors, a result too big.
-DETERMINISTIC = frozenset({"ModuleNotFoundError", "ImportError", "spark_dist.task.result.ResultTooLargeError"})
+DETERMINISTIC = frozenset({"ModuleNotFoundError", "ImportError", "spark_dist.task.result.ResultTooLargeError",
+                           "spark_dist.errors.ConfigError"})
 
 
 def _digits_masked(message: str) -> str:
@@ -216,9 +217,10 @@ def _digits_masked(message: str) -> str:
 def worth_retrying(failures: List[RankFailure], world_size: int, previous: List[RankFailure]) -> bool:
     """Retry a lost task, a killed process, or an exception on some ranks; not an exception that every rank
     raised alike, nor the same root-cause exception as the attempt before (a bug in the code fails again),
-    nor a job someone cancelled."""
+    nor a rank out of memory (it would ask for as much again), nor a job someone cancelled."""
     raised = [f for f in failures if f.kind == "exception" and not f.secondary]
-    if any(f.exc_type in DETERMINISTIC for f in raised) or any(f.kind == "cancelled" for f in failures):
+    if any(f.exc_type in DETERMINISTIC or f.out_of_memory for f in raised) or any(
+            f.kind == "cancelled" for f in failures):
         return False
     # Alike: the same type and message but for numbers (a rank, a shape, an address differs per rank).
     if len(raised) >= world_size and len({(f.exc_type, _digits_masked(f.message)) for f in raised}) == 1:

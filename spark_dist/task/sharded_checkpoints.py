@@ -264,8 +264,42 @@ class ShardedCheckpoints:
             return None
         _check_files(choice[0])
         saved = checkpoint_state.to_saved(state)
+        _check_fits(choice[0], state, saved)
         dcp.load(saved, checkpoint_id=choice[0], process_group=group, no_dist=no_dist)
         return checkpoint_state.restore(state, saved)
+
+
+def _check_fits(path: str, state: Mapping[str, Any], saved: Mapping[str, Any], shown: int = 3) -> None:
+    """Raise before anything is loaded (so before a training step) when the checkpoint at ``path`` does not
+    fit ``state``: a key of the state it lacks, a module's key it holds that the module lacks, a tensor of
+    another shape. DCP's own errors come mid-load, one key at a time.
+
+    Raises:
+        ConfigError: naming the first keys of each kind, the shapes, and what to change.
+    """
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    stored = FileSystemReader(path).read_metadata().state_dict_metadata
+    flat, _ = flatten_state_dict(dict(saved))
+    modules = [k for k, v in state.items() if isinstance(v, torch.nn.Module)]
+    missing = [k for k in flat if k not in stored]
+    unexpected = [k for k in stored if k not in flat and any(k.startswith(f"{m}.") for m in modules)]
+    shapes = [f"{k} saved {list(stored[k].size)}, here {list(v.shape)}" for k, v in flat.items()
+              if isinstance(stored.get(k), TensorStorageMetadata) and isinstance(v, torch.Tensor)
+              and list(stored[k].size) != list(v.shape)]
+
+    def first(keys):
+        return ", ".join(keys[:shown]) + (f" (and {len(keys) - shown} more)" if len(keys) > shown else "")
+    problems = [f"{what}: {first(keys)}" for what, keys in (
+        ("not in the checkpoint", missing), ("in the checkpoint but not in the model", unexpected),
+        ("of other shapes", shapes)) if keys]
+    if problems:
+        raise ConfigError(f"load_checkpoint(into=...): the checkpoint {path} does not fit the state given; "
+                          + "; ".join(problems) + ". Build (and shard) the model as it was when saved, and pass "
+                          "the keys the checkpoint holds")
 
 
 def _retained(found: List[Committed], keep: Optional[int], mode: str) -> List[Committed]:

@@ -76,6 +76,22 @@ def test_the_same_error_on_every_rank_is_not_retried(spark_local):
     assert info.value.attempts == 1 and info.value.exc_type == "KeyError"
 
 
+def allocate_too_much_on_rank_one():
+    import torch
+
+    if get_context().rank == 1:
+        torch.empty(10 ** 13)  # 37 TiB of float32: the host's allocator refuses it
+    return "done"
+
+
+def test_a_rank_out_of_memory_is_named_with_the_size_and_not_retried(spark_local):
+    with pytest.raises(TrainingFailedError) as info:
+        Distributor(num_processes=2, max_retries=2, verbose=False).run(allocate_too_much_on_rank_one)
+    assert info.value.attempts == 1 and info.value.rank == 1
+    assert "rank 1 on host 127.0.0.1 ran out of host memory asking for 36.38 TiB" in str(info.value)
+    assert "Not retried" in str(info.value)
+
+
 def train_with_checkpoints(epochs, crash_at_epoch):
     """Deterministic DDP training that checkpoints every epoch; rank 1 is SIGKILLed once at crash_at_epoch."""
     import torch

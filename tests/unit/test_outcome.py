@@ -140,8 +140,14 @@ def test_the_messages_say_what_happened():
 
 
 @pytest.mark.parametrize("failures, previous, retry", [
-    # An exception on one rank (an OOM, a flaky read): worth another attempt.
-    ([raised(1, "CUDA out of memory", "RuntimeError")], [], True),
+    # An exception on one rank (a flaky read): worth another attempt.
+    ([raised(1, "connection to the object store reset", "OSError")], [], True),
+    # A rank out of memory, host or CUDA: it would ask for as much again.
+    ([raised(1, "CUDA out of memory. Tried to allocate 2.00 GiB", "torch.OutOfMemoryError")], [], False),
+    ([raised(0, "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                "to allocate 8000000000000 bytes. Error code 12 (Cannot allocate memory)", "RuntimeError")], [], False),
+    # A ConfigError raised in a rank (a checkpoint that does not fit the model) fails again.
+    ([raised(0, "the checkpoint does not fit", "spark_dist.errors.ConfigError")], [], False),
     # The same exception on every rank: a bug, not retried; also when the message differs only by numbers.
     ([raised(0, "'x'", "KeyError"), raised(1, "'x'", "KeyError")], [], False),
     ([raised(0, "shape [3, 0] on rank 0"), raised(1, "shape [3, 1] on rank 1")], [], False),
@@ -157,6 +163,22 @@ def test_the_messages_say_what_happened():
 ])
 def test_retry_rules(failures, previous, retry):
     assert worth_retrying(failures, 2, previous) is retry
+
+
+@pytest.mark.parametrize("exc_type, message, headline", [
+    ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+     "79.10 GiB of which 1.05 GiB is free.", "ran out of CUDA memory asking for 2.00 GiB (torch.OutOfMemoryError"),
+    ("RuntimeError", "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you "
+     "tried to allocate 8000000000000 bytes.", "ran out of host memory asking for 7.28 TiB (RuntimeError"),
+    ("numpy._core._exceptions._ArrayMemoryError", "Unable to allocate 7.45 GiB for an array with shape (1000000000,) "
+     "and data type float64", "ran out of host memory asking for 7.45 GiB"),
+    ("MemoryError", "", "ran out of host memory asking for an unknown size (MemoryError: )"),
+])
+def test_a_rank_out_of_memory_is_named_with_what_it_asked_for(exc_type, message, headline):
+    failure = raised(1, message, exc_type)
+    assert headline in failure.headline() and "Not retried" in failure.headline()
+    assert failure.headline().startswith("rank 1 on host ")
+    assert raised(1, "out of coffee", "RuntimeError").out_of_memory is None
 
 
 CANCELLED_GROUP = JobError("Py4JJavaError", "org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 12 "

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch.multiprocessing.spawn import ProcessException  # noqa: E402
 
 from spark_dist.context import TrainContext  # noqa: E402
+from spark_dist.errors import ConfigError  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
 from tests.free_ports import free_ports  # noqa: E402
 
@@ -187,3 +188,23 @@ def test_options_of_sharded_checkpoints_are_refused_for_rank_zeros(tmp_path):
     assert torch.equal(ctx.load_checkpoint()["w"], torch.ones(2))
     ctx.save_checkpoint({"w": torch.zeros(2)}, sharded=True)  # one rank: no process group needed
     assert torch.equal(ctx.load_checkpoint()["w"], torch.zeros(2))
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_named_before_anything_loads(tmp_path):
+    ctx = TrainContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, attempt=0, run_id="r",
+                       host="h", checkpoint_dir=str(tmp_path / "run"))
+    saved = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    ctx.save_checkpoint({"model": saved, "step": 1}, sharded=True)
+    wider = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2), torch.nn.ReLU(),
+                                torch.nn.Linear(2, 2))
+    before = {k: v.clone() for k, v in wider.state_dict().items()}
+    with pytest.raises(ConfigError) as info:
+        ctx.load_checkpoint(into={"model": wider, "step": 0, "epoch": 0})
+    message = str(info.value)
+    assert "not in the checkpoint: model.4.weight, model.4.bias, epoch" in message
+    assert "of other shapes: model.0.weight saved [32, 8], here [64, 8], model.0.bias saved [32], here [64], " \
+           "model.2.weight saved [2, 32], here [2, 64]" in message
+    smaller = torch.nn.Sequential(torch.nn.Linear(8, 32))
+    with pytest.raises(ConfigError, match="in the checkpoint but not in the model: model.2.weight, model.2.bias"):
+        ctx.load_checkpoint(into={"model": smaller})
+    assert all(torch.equal(v, before[k]) for k, v in wider.state_dict().items())  # nothing was loaded
