@@ -247,6 +247,11 @@ GOALS = [
      lambda d: d["workloads"]["cnn"]["ratio"], lambda v: v >= 1.5, lambda v: f"{v:.2f}x"),
     ("inference", "predict_batch_udf, transformers encoder on strings: spark_dist / PySpark >= 1x",
      lambda d: d["workloads"]["transformer"]["ratio"], lambda v: v >= 1, lambda v: f"{v:.2f}x"),
+    ("checkpoints", "Checkpoint of a 100M-parameter FSDP2 model, 2 CPU ranks: async sharded stall / rank-0 save <= 0.2x",
+     lambda d: d["async_stall_vs_rank0"], lambda v: v <= 0.2, lambda v: f"{v:.3f}x"),
+    ("checkpoints", "Rank 0's peak memory growth in a sharded save <= its own shard + one bucket",
+     lambda d: max(d["figures"][w]["rank0_growth_bytes"] for w in ("sharded", "async"))
+     / (d["own_shard_bytes"] + d["bucket_bytes"]), lambda v: v <= 1, lambda v: f"{v:.2f} of it"),
     ("rendezvous", "Rendezvous of 1,024 simulated tasks <= 2 s (no Spark)",
      lambda d: rendezvous(d, 1024)["median_seconds"], lambda v: v <= 2, lambda v: f"{v:.2f} s"),
 ]
@@ -395,6 +400,33 @@ def images_section(figures):
     return per_line(images_rows(), figures)
 
 
+def checkpoints_rows():
+    def mib(value):
+        return f"{value / 2 ** 20:,.0f}"
+
+    rows = [("parameters; rank 0's own shard (weights + Adam), MiB; one bucket (largest tensor shard), MiB",
+             lambda d: f"{d['parameters'] / 1e6:.1f}M; {mib(d['own_shard_bytes'])}; {mib(d['bucket_bytes'])}")]
+    for way, label in (("rank0", "rank 0's `torch.save` (full state gathered)"), ("sharded", "sharded"),
+                       ("async", "sharded, `async_save=True`")):
+        rows += [
+            (f"{label}: step stalled, s (median); until written, s",
+             lambda d, way=way: "{:.2f}; {:.2f}".format(d["figures"][way]["stall_median"],
+                                                        d["figures"][way]["complete_median"])),
+            (f"{label}: MiB written by rank 0 / rank 1; rank 0's peak growth, MiB",
+             lambda d, way=way: "{} / {}; {}".format(*(mib(b) for b in d["figures"][way]["bytes_by_rank"]),
+                                                     mib(d["figures"][way]["rank0_growth_bytes"]))),
+        ]
+    rows += [("stall: async / rank 0's; sharded / rank 0's",
+              lambda d: f"{d['async_stall_vs_rank0']:.3f}x; {d['sharded_stall_vs_rank0']:.3f}x"),
+             ("load average of the machine before / after the run",
+              lambda d: "{:.1f} / {:.1f}".format(*d["load_average"]))]
+    return rows
+
+
+def checkpoints_section(figures):
+    return per_line(checkpoints_rows(), figures)
+
+
 def inference_rows():
     rows = []
     for name, label in (("mlp", "MLP, 1M rows x 32 floats"), ("cnn", "CNN on 64x64 JPEG bytes"),
@@ -539,6 +571,17 @@ SECTIONS = [
         "Goals (#42): >= 1.5x PySpark's on the MLP and the CNN, never slower on the encoder. Where the predict "
         "function is most of the work (the CNN's JPEG decoding, the encoder), neither UDF can go much past it: "
         "the forward share shows how much room is left."], inference_section),
+    ("checkpoints", "Checkpoints of a model sharded over the ranks", [
+        "Two CPU ranks over gloo (processes with the `TrainContext` a run gives; the saves are those of a run), "
+        "6 Linear(4096, 4096) layers (100.7M parameters) sharded with FSDP2's `fully_shard`, Adam; after a "
+        "training step each way saves model and optimizer, 3 times (median). Rank 0's: the full state gathered "
+        "to rank 0 (`full_state_dict=True, cpu_offload=True`), written with `torch.save` by "
+        "`ctx.save_checkpoint`; sharded: `ctx.save_checkpoint({\"model\": model, \"optimizer\": optimizer})`, "
+        "every rank its own shards through `torch.distributed.checkpoint`; async: the same with "
+        "`async_save=True`. The stall is the slowest rank's time in the call; memory is rank 0's peak RSS "
+        "during the save (async: until written) over its RSS before.",
+        "Goals (#41): async stall <= 0.2x rank 0's save; rank 0 holds no more than its own shard plus one bucket "
+        "during a sharded save."], checkpoints_section),
     ("rendezvous", "Rendezvous at scale", [
         "No Spark and no training: the real Coordinator and the tasks' side of the store protocol with n "
         "simulated tasks (a thread and a store client each, over 8 host names). Time from the tasks' release to "
