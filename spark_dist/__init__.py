@@ -23,4 +23,8 @@ def __getattr__(name):
         from .inference import predict_batch_udf
 
         return predict_batch_udf
+    if name == "tune":  # spark_dist.tune.optimize: imports Optuna, which only a study needs
+        import importlib
+
+        return importlib.import_module(".tune", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

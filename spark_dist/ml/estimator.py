@@ -60,8 +60,10 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
     - ``verbose``: print each epoch's metrics on the driver (default off; ``model.history`` has them).
 
     In ``CrossValidator`` / ``TrainValidationSplit``, each fit is one barrier job holding ``numProcesses``
-    task slots: keep ``parallelism`` at 1 unless the cluster has ``parallelism x numProcesses`` slots. A
-    DataFrame fitted again (the same plan, e.g. every grid point of one fold) reuses its Petastorm cache.
+    task slots; with ``parallelism=n`` the fits run at once, as many as the slots hold, the others waiting
+    their turn (:mod:`spark_dist.driver.slots`), with the results of ``parallelism=1``. A DataFrame fitted
+    again (the same plan, e.g. every grid point of one fold) reuses its Petastorm cache, written once even
+    when parallel fits ask for it together.
 
     ``fit`` raises :class:`spark_dist.ConfigError` (a ``ValueError``) before any training job when ``model``
     is not set, a feature or label column is missing or not numeric (without a ``transformFn``; with one, of a

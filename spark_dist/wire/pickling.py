@@ -3,8 +3,9 @@ ranks, a saved model for later sessions): those executors or a later session cou
 from __future__ import annotations
 
 import sys
+import threading
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Dict, Iterable, Iterator
 
 
 def _is_local(module) -> bool:
@@ -22,8 +23,10 @@ def local_modules(objects: Iterable[Any]) -> Iterator[Any]:
     of its submodules), each once."""
     seen = set()
     for obj in objects:
-        torch = sys.modules.get("torch")
-        parts = list(obj.modules()) if torch is not None and isinstance(obj, torch.nn.Module) else [obj]
+        # torch as far as it is imported: another thread may be importing it right now (an object that is an
+        # nn.Module was made once torch was whole).
+        module_type = getattr(getattr(sys.modules.get("torch"), "nn", None), "Module", None)
+        parts = list(obj.modules()) if isinstance(module_type, type) and isinstance(obj, module_type) else [obj]
         for part in parts:
             for owner in (type(part), part):
                 name = getattr(owner, "__module__", None) or ""
@@ -33,24 +36,40 @@ def local_modules(objects: Iterable[Any]) -> Iterator[Any]:
                     yield module
 
 
+# Runs started from threads pickle at once, and cloudpickle's registry is global: a module stays registered
+# while any of them needs it, and one the user registered stays theirs.
+_LOCK = threading.Lock()
+_HOLDERS: Dict[str, int] = {}
+
+
 @contextmanager
 def by_value(objects: Iterable[Any]):
     """While inside, cloudpickle pickles the local modules of ``objects`` by value (installed ones stay by
     reference)."""
     import cloudpickle
 
-    registered = []
-    for module in local_modules(objects):
-        try:
-            cloudpickle.register_pickle_by_value(module)
-            registered.append(module)
-        except ValueError:  # not importable by its name: pickled by value anyway
-            pass
+    held = []
+    with _LOCK:
+        for module in local_modules(objects):
+            name = module.__name__
+            if name not in _HOLDERS:
+                if name in cloudpickle.list_registry_pickle_by_value():
+                    continue  # the user's own registration
+                try:
+                    cloudpickle.register_pickle_by_value(module)
+                except ValueError:  # not importable by its name: pickled by value anyway
+                    continue
+            _HOLDERS[name] = _HOLDERS.get(name, 0) + 1
+            held.append(module)
     try:
         yield
     finally:
-        for module in registered:
-            cloudpickle.unregister_pickle_by_value(module)
+        with _LOCK:
+            for module in held:
+                _HOLDERS[module.__name__] -= 1
+                if not _HOLDERS[module.__name__]:
+                    del _HOLDERS[module.__name__]
+                    cloudpickle.unregister_pickle_by_value(module)
 
 
 __all__ = ["by_value", "local_modules"]
