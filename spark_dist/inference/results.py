@@ -86,6 +86,15 @@ def _struct_from_rows(preds: list, rows: int, struct: StructType) -> pd.DataFram
     return pd.DataFrame(preds, columns=struct.names)
 
 
+def _scalar_values(preds, rows: int) -> np.ndarray:
+    """A scalar type's ``[rows]`` values of a ``[rows]`` or ``[rows, 1]`` output (PySpark's checks)."""
+    if len(preds) != rows:
+        raise ValueError(SAME_LENGTH)
+    if not (len(preds.shape) == 1 or (len(preds.shape) == 2 and preds.shape[1] == 1)):
+        raise ValueError("Invalid shape for scalar prediction result.")
+    return np.squeeze(preds, -1) if len(preds.shape) > 1 else preds
+
+
 def to_arrow(preds: Any, rows: int, return_type: DataType, arrow_type):
     """:func:`to_pandas`'s result as the Arrow array (of ``arrow_type``) an Arrow UDF yields, with its checks and
     messages. A numpy output of a scalar or array type goes over without pandas (an array type's rows are not
@@ -99,12 +108,7 @@ def to_arrow(preds: Any, rows: int, return_type: DataType, arrow_type):
     if not isinstance(return_type, (StructType, ArrayType)) and isinstance(return_type, SCALAR_TYPES):
         preds = _array(preds)
         if isinstance(preds, np.ndarray) and preds.dtype != np.object_:
-            if len(preds) != rows:
-                raise ValueError(SAME_LENGTH)
-            if not (len(preds.shape) == 1 or (len(preds.shape) == 2 and preds.shape[1] == 1)):
-                raise ValueError("Invalid shape for scalar prediction result.")
-            output = np.squeeze(preds, -1) if len(preds.shape) > 1 else preds
-            return pa.array(output).cast(arrow_type, safe=False)
+            return pa.array(_scalar_values(preds, rows)).cast(arrow_type, safe=False)
     if isinstance(return_type, ArrayType) and not isinstance(return_type.elementType, (StructType, ArrayType)):
         preds = _array(preds)
         if isinstance(preds, np.ndarray) and preds.dtype != np.object_ and len(preds.shape) == 2:
@@ -145,10 +149,6 @@ def to_pandas(preds: Any, rows: int, return_type: DataType):
             raise ValueError("Prediction results for ArrayType must be two-dimensional.")
         return pd.Series(list(preds))
     if isinstance(return_type, SCALAR_TYPES):
-        if len(preds) != rows:
-            raise ValueError(SAME_LENGTH)
-        if not (len(preds.shape) == 1 or (len(preds.shape) == 2 and preds.shape[1] == 1)):
-            raise ValueError("Invalid shape for scalar prediction result.")
-        output = np.squeeze(preds, -1) if len(preds.shape) > 1 else preds
+        output = _scalar_values(preds, rows)
         return pd.Series(output).astype(output.dtype)
     raise ValueError("Unsupported return type")
