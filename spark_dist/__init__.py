@@ -4,14 +4,15 @@ from .data import petastorm_compat
 petastorm_compat.install()  # before anything imports Petastorm: it needs names new pyarrow and numpy removed
 
 from .context import TrainContext, get_context, log_to_driver  # noqa: E402
-from .errors import ClusterConfigError, ConfigError, RankFailure, RunTimeoutError, TrainingFailedError  # noqa: E402
+from .errors import (ClusterConfigError, ConfigError, RankFailure, RunResized, RunTimeoutError,  # noqa: E402
+                     TrainingFailedError)
 from .driver.distributor import Distributor  # noqa: E402
 from .dropins import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor  # noqa: E402
 
 __all__ = [
     "Distributor", "TorchDistributor", "DeepspeedTorchDistributor", "HorovodRunner", "predict_batch_udf",
     "get_context", "TrainContext", "log_to_driver", "TrainingFailedError", "RunTimeoutError", "ConfigError",
-    "ClusterConfigError", "RankFailure",
+    "ClusterConfigError", "RankFailure", "RunResized",
 ]
 __version__ = "0.1.0"
 

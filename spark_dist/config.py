@@ -19,6 +19,8 @@ CONF_TORCH_DISTRIBUTOR_IGNORE_SSL = "pytorch.spark.distributor.ignoreSsl"  # hon
 CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL = "deepspeed.spark.distributor.ignoreSsl"  # the same, PySpark's DeepSpeed key
 CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
 CONF_RETRY_SLOT_WAIT = "spark.dist.retrySlotWaitTimeout"
+CONF_MIN_PROCESSES = "spark.dist.minProcesses"
+CONF_MAX_PREEMPTIONS = "spark.dist.maxPreemptions"
 CONF_HOST_LOST_TIMEOUT = "spark.dist.hostLostTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
@@ -29,7 +31,8 @@ CONF_HOROVOD_RENDEZVOUS_PORT = "spark.dist.horovod.rendezvousPort"
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
                 CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL,
-                CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
+                CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_MIN_PROCESSES, CONF_MAX_PREEMPTIONS,
+                CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
                 CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
@@ -175,6 +178,9 @@ class RunConfig:
     """Everything one ``Distributor.run`` needs to know, checked once."""
 
     num_processes: int
+    # An elastic run (min_processes < num_processes) may run an attempt on fewer ranks, down to this many.
+    min_processes: int = 0  # 0: num_processes (fixed size)
+    max_preemptions: int = 10  # restarts after a decommissioned executor, a budget apart from max_retries
     backend: str = "ddp"
     local_mode: bool = False
     use_gpu: bool = False
@@ -205,6 +211,11 @@ class RunConfig:
         """The barrier job's task count (local mode: the number of rank processes)."""
         return self.num_processes // self.processes_per_task
 
+    @property
+    def elastic(self) -> bool:
+        """Whether an attempt may run on fewer ranks than ``num_processes`` (``min_processes`` below it)."""
+        return 0 < self.min_processes < self.num_processes
+
     def job_description(self, attempt: int) -> str:
         """What the Spark UI shows for the run's job: run id, attempt, ranks and backend."""
         return (f"spark_dist run {self.run_id} attempt {attempt}: {self.num_processes} ranks, {self.backend}"
@@ -219,6 +230,7 @@ class RunConfig:
         local_mode=False,
         use_gpu=False,
         max_retries=0,
+        min_processes=None,
         timeout=None,
         run_id=None,
         checkpoint_dir=None,
@@ -247,6 +259,7 @@ class RunConfig:
                               "communicators need every rank of a host in one node; use layout='host'")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        min_processes = _min_processes(min_processes, conf, num_processes)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
@@ -282,12 +295,17 @@ class RunConfig:
         per_task = 1
         if use_gpu and not local_mode:
             per_task = ranks_per_task(conf, num_processes)
+            if min_processes % per_task:
+                raise ClusterConfigError(f"min_processes ({min_processes}) must be a multiple of '{CONF_TASK_GPUS}' "
+                                         f"({per_task}) value: each Spark task runs one rank per GPU it holds")
         driver_host = conf.get("spark.driver.host") or os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
         # Behind NAT or in a Kubernetes client-mode pod the driver advertises one address and binds another,
         # as Spark's own driver does.
         bind_address = conf.get("spark.driver.bindAddress") or driver_host
         return cls(
             num_processes=num_processes,
+            min_processes=min_processes,
+            max_preemptions=_conf_count(conf, CONF_MAX_PREEMPTIONS, 10),
             backend=backend,
             local_mode=bool(local_mode),
             use_gpu=bool(use_gpu),
@@ -317,6 +335,35 @@ class RunConfig:
 
 
 MAX_RESULT_SIZE_CONF = "spark.driver.maxResultSize"
+
+
+def _conf_count(conf: Mapping[str, str], key: str, default: int) -> int:
+    """A count >= 0 from conf ``key``.
+
+    Raises:
+        ConfigError: not a whole number >= 0, naming ``key``.
+    """
+    text = str(conf.get(key, default)).strip()
+    if not text.isdigit():
+        raise ConfigError(f"Spark conf {key}={conf.get(key)!r} is not a count (a whole number >= 0)")
+    return int(text)
+
+
+def _min_processes(value, conf: Mapping[str, str], num_processes: int) -> int:
+    """``min_processes`` (the argument, else conf ``spark.dist.minProcesses``, else ``num_processes``).
+
+    Raises:
+        ConfigError: not an integer in ``1..num_processes``, naming the argument or the key.
+    """
+    name = "min_processes"
+    if value is None and conf.get(CONF_MIN_PROCESSES) not in (None, ""):
+        name, text = CONF_MIN_PROCESSES, str(conf[CONF_MIN_PROCESSES]).strip()
+        value = int(text) if text.isdigit() else text
+    if value is None:
+        return num_processes
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= num_processes:
+        raise ConfigError(f"{name} must be an integer from 1 to num_processes ({num_processes}), got {value!r}")
+    return value
 
 
 def parse_size(value: str) -> int:

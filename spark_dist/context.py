@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from .task import checkpoint_dirs
+from .wire.protocol import PREEMPTED
 
 _current: Optional["TrainContext"] = None
 
@@ -36,6 +37,45 @@ class TrainContext:
     datasets: Dict[str, Any] = field(default_factory=dict, repr=False)
     _reporter: Any = field(default=None, repr=False)
     loaders: list = field(default_factory=list, repr=False)
+    initial_world_size: int = 0  # the run's num_processes (an elastic run's attempt may have fewer ranks)
+    previous_world_size: int = 0  # the ranks of the attempt before this one (0: this is the first)
+    _watch_resize: bool = field(default=False, repr=False)  # rank 0 stops at a checkpoint when the driver asks
+
+    @property
+    def preempted(self) -> bool:
+        """Whether Spark is decommissioning an executor on a host of this run's ranks (a spot instance reclaimed,
+        a node drained, a standalone worker's decommission script): save a checkpoint soon. Rank 0 stops at it
+        (:class:`~spark_dist.errors.RunResized`) and the run goes on in a new attempt, on the executors left
+        or new ones. Read from the driver at each access (one store lookup); ``False`` in local mode and
+        under Spark Connect, where the driver cannot see decommissions."""
+        if not self._watch_resize or self._reporter is None:
+            return False
+        reason = self._reporter.resize_reason()
+        return reason is not None and reason.startswith(PREEMPTED)
+
+    def on_preemption(self, callback, every: float = 1.0) -> None:
+        """Call ``callback(reason)`` once, from a background thread, when :attr:`preempted` becomes true (checked
+        every ``every`` seconds). It runs beside the training loop: let it set a flag the loop reads (and
+        checkpoints on), not train or save itself."""
+        import threading
+
+        def watch():
+            while True:
+                reason = self._reporter.resize_reason()
+                if reason is not None and reason.startswith(PREEMPTED):
+                    callback(reason[len(PREEMPTED):])
+                    return
+                time.sleep(every)
+
+        if self._watch_resize and self._reporter is not None:
+            threading.Thread(target=watch, name="spark_dist-preemption", daemon=True).start()
+
+    @property
+    def resized(self) -> bool:
+        """Whether this attempt runs on another number of ranks than the attempt before it (an elastic run,
+        ``min_processes``): rescale what depends on the world size, e.g. the learning rate by
+        ``world_size / initial_world_size`` (Goyal et al.'s linear rule, as ``spark_dist.ml`` does)."""
+        return bool(self.previous_world_size) and self.previous_world_size != self.world_size
 
     @property
     def device(self):
@@ -190,7 +230,12 @@ class TrainContext:
           directory needs the ranks on one host; across hosts set ``spark.dist.checkpointDir`` to a shared
           filesystem.
 
+        Rank 0 raises :class:`~spark_dist.errors.RunResized` from here when the driver asked the run to go on in
+        a new attempt: an executor running a rank is being decommissioned (:attr:`preempted`), or an elastic run
+        (``min_processes``) can grow back. The attempt ends at this checkpoint and the next resumes from it.
+
         Raises:
+            RunResized: see above (a ``BaseException``: let it through).
             CheckpointDirError: (a ``PermissionError``) the checkpoint directory is not this user's alone:
                 another owner, writable by group or others, or a symbolic link; the message names
                 ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
@@ -216,6 +261,7 @@ class TrainContext:
 
             with checkpoint_dirs.atomic_write(self._checkpoint_dir(), CHECKPOINT_FILE) as f:
                 torch.save(obj, f)
+            self._resize_here(obj)
             return
         if keep is not None and (not isinstance(keep, int) or keep < 1):
             raise ValueError(f"save_checkpoint: keep must be an integer >= 1, got {keep!r}")
@@ -229,6 +275,31 @@ class TrainContext:
                                  f"with ctx.report({metric}=...); reported so far: {reported}")
             score = float(self._last_metrics[metric])
         self._sharded().save(obj, async_save=async_save, keep=keep, metric=metric, score=score, mode=mode)
+        self._resize_here(obj)
+
+    def _resize_here(self, obj) -> None:
+        """Rank 0, just after a checkpoint: stop here when the driver asked (an executor under a rank is being
+        decommissioned, or an elastic run's missing slots are free), once the checkpoint is durable (the next
+        attempt resumes from it; no step is lost or repeated). A grow waits for a checkpoint whose loaders'
+        epochs deal out evenly to ``initial_world_size`` ranks (at most a step or two), so that no batch of the
+        epoch is left out; a preemption does not wait.
+
+        Raises:
+            RunResized: the driver asked; the message says why.
+        """
+        if not self._watch_resize or self.rank != 0 or self._reporter is None:
+            return
+        reason = self._reporter.resize_reason()
+        if reason is not None and not reason.startswith(PREEMPTED):
+            from .data.dealt_epoch import deals_evenly, loader_states
+
+            if not all(deals_evenly(state, self.initial_world_size) for state in loader_states(obj)):
+                return
+        if reason is not None:
+            from .errors import RunResized
+
+            self.wait_for_checkpoints()
+            raise RunResized(reason)
 
     def load_checkpoint(self, default=None, *, into=None):
         """The latest checkpoint of this run, or ``default`` when there is none.

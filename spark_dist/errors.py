@@ -42,6 +42,15 @@ class BackendUnavailableError(ConfigError):
     """The chosen backend cannot be used here (for example Horovod is not installed)."""
 
 
+class RunResized(BaseException):
+    """Raised in rank 0 of an elastic run (``min_processes``) by ``ctx.save_checkpoint`` once the checkpoint is
+    written, when the driver asked the run to change size: slots came back (it grows to ``num_processes``) or an
+    executor running ranks is being decommissioned. The attempt ends there and the next one resumes from that
+    checkpoint at the new size, not counted as a retry. A ``BaseException``, as Horovod's
+    ``HostsUpdatedInterrupt`` is, so that an ``except Exception`` in the training loop lets it through: do not
+    catch it."""
+
+
 # Exceptions raised by a rank only because a *peer* went away: they are never the root cause.
 _SECONDARY_MARKERS = (
     "Connection closed by peer",
@@ -81,9 +90,11 @@ class RankFailure:
     """What one rank reported when it failed.
 
     ``kind`` is ``"exception"`` (the function raised), ``"signal"`` (the rank process was killed),
-    ``"exit"`` (a script exited non-zero), ``"timeout"``, ``"lost"`` (its Spark task or executor went away) or
-    ``"cancelled"`` (someone cancelled the run's Spark job). ``on_driver``: the rank ran as a process of the
-    driver (``local_mode=True``), not in a Spark task; it decides which memory settings a SIGKILL points to.
+    ``"exit"`` (a script exited non-zero), ``"timeout"``, ``"lost"`` (its Spark task or executor went away),
+    ``"cancelled"`` (someone cancelled the run's Spark job) or ``"resized"`` (rank 0 of an elastic run stopped
+    at a checkpoint for the run to change size, see :class:`RunResized`: not a failure, the next attempt
+    resumes). ``on_driver``: the rank ran as a process of the driver (``local_mode=True``), not in a Spark task;
+    it decides which memory settings a SIGKILL points to.
     """
 
     rank: Optional[int]

@@ -5,6 +5,7 @@ SparkSession alive and switches kinds on demand. Everything started here binds 1
 stopped by pid / process group; `find_leaks` checks that nothing outlives the test session.
 """
 import ctypes
+import concurrent.futures
 import json
 import os
 import shutil
@@ -94,6 +95,9 @@ def still_running_after(pids, timeout=20):
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: the forked child only calls it
 
 
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clusters-spawner")  # a thread that stays
+
+
 def _die_with_parent():
     """preexec_fn: SIGTERM the child if pytest dies without cleaning up (kill -9, os._exit).
 
@@ -160,25 +164,42 @@ class StandaloneCluster:
                                              "--host", "127.0.0.1", "--port", str(port),
                                              "--webui-port", str(ui_port)])
         for i in range(self.n_workers):
-            work_dir = os.path.join(self.tmpdir, f"worker{i}")
-            os.makedirs(work_dir, exist_ok=True)
-            props = os.path.join(self.tmpdir, f"worker{i}.properties")
-            with open(props, "w") as f:  # the worker's own resources: one fake GPU, address i
-                f.write(f"spark.worker.resource.gpu.amount 1\n"
-                        f"spark.worker.resource.gpu.discoveryScript {self.gpu_script}\n")
-            self.workers.append(self._spawn(
-                f"worker{i}",
-                ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                 "--cores", str(self.cores), "--memory", self.memory,
-                 "--webui-port", str(free_port()), "--work-dir", work_dir,
-                 "--properties-file", props, self.master_url],
-                extra_env={"FAKE_GPU_ADDRESS": str(i)}))
+            self.workers.append(self._spawn_worker(i))
         try:
             self._wait_for_workers("standalone workers to register", timeout=90)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _spawn_worker(self, i, generation=0):
+        work_dir = os.path.join(self.tmpdir, f"worker{i}-{generation}")
+        os.makedirs(work_dir, exist_ok=True)
+        props = os.path.join(self.tmpdir, f"worker{i}.properties")
+        with open(props, "w") as f:
+            # The worker's own resources: one fake GPU, address i. Decommission on: SIGPWR (what
+            # sbin/decommission-worker.sh sends) decommissions the worker instead of ending its JVM.
+            f.write(f"spark.worker.resource.gpu.amount 1\n"
+                    f"spark.worker.resource.gpu.discoveryScript {self.gpu_script}\n"
+                    "spark.decommission.enabled true\n")
+        return self._spawn(
+            f"worker{i}",
+            ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+             "--cores", str(self.cores), "--memory", self.memory,
+             "--webui-port", str(free_port()), "--work-dir", work_dir,
+             "--properties-file", props, self.master_url],
+            extra_env={"FAKE_GPU_ADDRESS": str(i)})
+
+    def replace_worker(self, i):
+        """Stop worker ``i`` with its executors (a decommissioned machine going away) and start a new one in its
+        place (the machine coming back), once the master has it ALIVE. From any thread: the new worker is forked
+        by a thread that lives as long as this process (its parent-death signal follows the forking thread)."""
+        old = self.workers[i]
+        _signal_group(old, signal.SIGKILL)
+        old.wait()
+        self._generation = getattr(self, "_generation", 0) + 1
+        self.workers[i] = _SPAWNER.submit(self._spawn_worker, i, self._generation).result()
+        self._wait_for_workers("the new standalone worker to register", timeout=90)
 
     def _wait_for_workers(self, what, timeout):
         """Until every worker is ALIVE on the master; fails at once if one of our JVMs exited."""

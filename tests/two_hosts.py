@@ -65,10 +65,11 @@ def _make_network():
 
 
 class TwoHostCluster(StandaloneCluster):
-    """A standalone master on the bridge address and one worker (1 core) in each namespace."""
+    """A standalone master on the bridge address and one worker (2 cores) in each namespace. A run of two ranks
+    still has one on each host: Spark deals a stage's tasks out to the executors in turn."""
 
     def __init__(self, tmpdir, gpu_script):
-        super().__init__(tmpdir, gpu_script, n_workers=len(HOSTS), cores=1)
+        super().__init__(tmpdir, gpu_script, n_workers=len(HOSTS), cores=2)
         self.hosts = [address for _, _, address in HOSTS]
         # A directory only the driver sees: each worker's mount namespace (ip netns exec makes one) has an
         # empty tmpfs over it, as a path that is not a shared mount looks from other machines.
@@ -100,7 +101,7 @@ class TwoHostCluster(StandaloneCluster):
                 os.makedirs(self.host_tmp[address], exist_ok=True)
                 self.workers.append(self._spawn(
                     f"worker-{ns}",
-                    ["org.apache.spark.deploy.worker.Worker", "--host", address, "--cores", "1",
+                    ["org.apache.spark.deploy.worker.Worker", "--host", address, "--cores", str(self.cores),
                      "--memory", self.memory, "--webui-port", str(free_port()), "--work-dir", work_dir,
                      self.master_url],
                     extra_env={"SPARK_LOCAL_IP": address, "SPARK_LOCAL_HOSTNAME": address,
@@ -126,3 +127,9 @@ class TwoHostCluster(StandaloneCluster):
         """Take host ``index`` off the network (its link down), as a lost host looks to the others."""
         ns, veth, _ = HOSTS[index]
         _ip("link", "set", veth, "down")
+
+    def bring_up(self, index):
+        """Put host ``index`` back on the network (before stopping Spark: a driver that cannot reach an executor
+        waits out its RPC timeouts, two minutes, to stop)."""
+        ns, veth, _ = HOSTS[index]
+        _ip("link", "set", veth, "up")

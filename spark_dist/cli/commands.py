@@ -89,6 +89,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, with_master: bool = True
                              "default) or task (each Spark task a node, as PySpark's TorchDistributor)")
     parser.add_argument("--max-retries", type=int, default=0, metavar="K",
                         help="resubmit a failed run up to K times; the script resumes from its snapshot")
+    parser.add_argument("--min-processes", type=int, default=None, metavar="M",
+                        help="elastic: go on with as few as M ranks when executors are lost, growing back to "
+                             "--num-processes at a checkpoint once their slots return (spark.dist.minProcesses)")
     parser.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
                         help="stop the run (all attempts) after this many seconds; exit code 124")
     parser.add_argument("--conf", "-c", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
@@ -249,7 +252,7 @@ def make_distributor(args: argparse.Namespace, spark=None):
         num_processes=args.num_processes, backend=args.backend, local_mode=args.local_mode,
         use_gpu=args.use_gpu, max_retries=args.max_retries, timeout=args.timeout,
         checkpoint_dir=args.checkpoint_dir, run_id=args.run_id, verbose=not args.quiet, layout=args.layout,
-        spark=spark)
+        min_processes=args.min_processes, spark=spark)
 
 
 def execute(args: argparse.Namespace, stderr=None) -> int:

@@ -7,10 +7,12 @@ data (:mod:`.registry`), else the write (:mod:`.write`) with the value checks me
 have (their converter, a Petastorm dataset's URL) is described the same way, but read as it is
 (:mod:`.petastorm_inputs`).
 """
+import contextlib
 import os
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from ..errors import ConfigError
 from ..spark import session
 from . import petastorm_inputs
 from .checks import _aggregate_cache, _enough_rows, _judge, unequal_lengths
@@ -101,6 +103,25 @@ def prepare_datasets(spark, datasets: Dict[str, Any], num_ranks: int, value_rang
                                              tuple(value_ranges), held, tuple(fixed_length), sources.get(name))
         _evict(app_id, keep={h.cache_dir_url for h in handles.values()})
     return handles
+
+
+def handles_for_run(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
+    """Dataset handles for a run's ranks: DataFrames are materialised (which needs Spark); handles that
+    :func:`prepare_datasets` returned before pass through, so a local-mode run needs no SparkSession for them.
+
+    Raises:
+        ConfigError: DataFrames without a SparkSession; DatasetError: as :func:`prepare_datasets`.
+    """
+    if spark is None:
+        if not isinstance(datasets, dict) or not all(isinstance(d, DatasetHandle) for d in datasets.values()):
+            raise ConfigError("datasets= holding DataFrames needs an active SparkSession")
+        return {name: pass_through(name, handle, num_ranks) for name, handle in datasets.items()}
+    return prepare_datasets(spark, datasets, num_ranks)
+
+
+def kept(handles: Dict[str, Any]):
+    """A context in which the handles' caches are not evicted (while ranks read them); nothing without any."""
+    return in_use(handles.values()) if handles else contextlib.nullcontext()
 
 
 def pass_through(name: str, handle: DatasetHandle, num_ranks: int) -> DatasetHandle:

@@ -1,13 +1,10 @@
-"""The rank side: this rank's equal share of a cached dataset, as batches of torch tensors.
-
-No Spark here, only the Parquet files the driver's Petastorm converter wrote.
-
-Why not Petastorm's reader (``make_batch_reader`` / ``make_torch_dataloader``): it shards by row group,
-round robin, so 1,000 rows in 10 row groups over 3 ranks gives 400/300/300 rows and DDP hangs on the
-rank with more batches; its worker pool returns row groups in no fixed order, so an epoch cannot be
-reproduced; and it is much slower than a plain pyarrow read on array columns (BENCHMARKS.md, Data loading).
-So this module reads the cache's files with pyarrow: whole columns at a time, list values reshaped without a
-copy, no per-row Python.
+"""The rank side: this rank's equal share of a cached dataset, as batches of torch tensors. No Spark here, only
+the Parquet files the driver's Petastorm converter wrote. Why not Petastorm's reader (``make_batch_reader`` /
+``make_torch_dataloader``): it shards by row group, round robin, so 1,000 rows in 10 row groups over 3 ranks
+gives 400/300/300 rows and DDP hangs on the rank with more batches; its worker pool returns row groups in no
+fixed order, so an epoch cannot be reproduced; and it is much slower than a plain pyarrow read on array columns
+(BENCHMARKS.md, Data loading). So this module reads the cache's files with pyarrow: whole columns at a time,
+list values reshaped without a copy, no per-row Python.
 
 The epoch order (:func:`shard_pieces`, :func:`block_runs`): the row groups of all files in a permuted order,
 and inside each row group its blocks of 256 rows in a permuted order, both from ``(seed, epoch)`` only.
@@ -19,8 +16,10 @@ copy is the only one, and a batch is a view of it. Two more threads decode the n
 The columns whose rows differ in size (binary, string, sequence) are gathered by :mod:`.variable_size` into the
 same places of the same windows, so every column of a batch holds the same rows; the window's size counts
 their bytes (their average row in the cache, from the files' footers). The numbers' path does not change with
-them. A loader's place in its epochs: :mod:`.loader_state`; a user's transform: :mod:`.transformed_loader`.
+them. A loader's place in its epochs: :mod:`.loader_state` (dealt out to another number of ranks:
+:mod:`.dealt_epoch`); a user's transform: :mod:`.transformed_loader`.
 """
+import contextlib
 import math
 import queue
 import threading
@@ -30,7 +29,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import variable_size
+from . import dealt_epoch, variable_size
 from .arrays import list_values, nested_values, numpy_dtype, rows_view, to_numpy
 from .column_options import ColumnOptions, check_sizes, resolve
 from .epoch_order import block_runs, merged, shard_pieces
@@ -280,7 +279,10 @@ class ShardLoader(Resumable):
         # the first next() (Lightning's order) still picks this iteration's epoch.
         epoch = self.epoch
         skip = self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else 0
-        self._resume_at, self._at = None, (epoch, skip)
+        self._resume_at, self._at, self._dealt = None, (epoch, 0 if isinstance(skip, tuple) else skip), None
+        if isinstance(skip, tuple):  # the rest of an epoch of another number of ranks, dealt out
+            yield from dealt_epoch.iterate(self, epoch, *skip)
+            return
         expected = len(self) - skip
         out: "queue.Queue" = queue.Queue(maxsize=_PREFETCH_WINDOWS)
         stop = threading.Event()
@@ -320,11 +322,9 @@ class ShardLoader(Resumable):
 def _put(out: "queue.Queue", item, stop: threading.Event) -> bool:
     """Put ``item`` unless the consumer went away (it stops iterating early: a ``break``)."""
     while not stop.is_set():
-        try:
+        with contextlib.suppress(queue.Full):
             out.put(item, timeout=0.1)
             return True
-        except queue.Full:
-            continue
     return False
 
 

@@ -1,7 +1,8 @@
 """A loader's place in its epochs, for checkpoints and for training frameworks.
 
 - :func:`state_of` / :func:`checked_state`: what ``ShardLoader.state_dict`` saves (the epoch, the batches already
-  yielded in it, and what the epoch order depends on) and what ``load_state_dict`` accepts back.
+  yielded in it, and what the epoch order depends on) and what ``load_state_dict`` accepts back, on any number
+  of ranks (:mod:`.dealt_epoch`).
 - :func:`windows_to_read`: which shuffle windows an iteration resuming at batch ``k`` must still gather. Every
   batch after the resume point is the batch an uninterrupted epoch gives: the windows, the rows they carry
   over and their shuffles are the same; only the windows before ``k`` whose rows no window read takes over are
@@ -10,8 +11,9 @@
   start (``lightning.fabric.utilities.data._set_sampler_epoch`` looks for ``sampler`` and
   ``batch_sampler.sampler``, never at the loader itself).
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
+from . import dealt_epoch
 from .handle import DatasetError
 
 # What the epoch order and the batches depend on besides (seed, shuffle), which a state carries and restores:
@@ -19,24 +21,40 @@ from .handle import DatasetError
 _SAME = ("num_rows", "world_size", "batch_size", "drop_last")
 
 
-def state_of(loader, epoch: int, batches: int) -> Dict:
-    """The state of ``loader`` (a ``ShardLoader``) at batch ``batches`` of ``epoch``."""
-    return {"dataset": loader.handle.name, "epoch": int(epoch), "batches": int(batches), "seed": loader.seed,
-            "shuffle": loader.shuffle, "num_rows": loader.handle.num_rows, "world_size": loader.world_size,
-            "batch_size": loader.batch_size, "drop_last": loader.drop_last, "epoch_batches": len(loader)}
+def state_of(loader, epoch: int, batches) -> Dict:
+    """The state of ``loader`` (a ``ShardLoader``) at batch ``batches`` of ``epoch``; inside an epoch dealt out
+    after a resize (:mod:`.dealt_epoch`), or at such a place restored (``batches`` an ``(origin world size,
+    position)`` pair), also its ``origin``: the world size whose units the epoch is counted in and the position
+    reached."""
+    state = {"dataset": loader.handle.name, "epoch": int(epoch), "batches": batches, "seed": loader.seed,
+             "shuffle": loader.shuffle, "num_rows": loader.handle.num_rows, "world_size": loader.world_size,
+             "batch_size": loader.batch_size, "drop_last": loader.drop_last, "epoch_batches": len(loader)}
+    dealt = getattr(loader, "_dealt", None)
+    if isinstance(batches, tuple):
+        origin, position, state["batches"] = batches[0], batches[1], 0
+    elif dealt is not None and dealt[0] == epoch:
+        origin, position = dealt[1], dealt[2] + loader.world_size * int(batches)
+    else:
+        return state
+    units = origin * dealt_epoch.batches_per_rank(loader.handle.num_rows, origin, loader.batch_size,
+                                                  loader.drop_last)
+    start = position - loader.world_size * state["batches"]
+    state.update(origin={"world_size": origin, "position": position},
+                 epoch_batches=dealt_epoch.steps(units, start, loader.world_size, loader.drop_last))
+    return state
 
 
-def checked_state(loader, state: Dict) -> Tuple[int, int, int, bool]:
-    """``(epoch, batches, seed, shuffle)`` of a state :func:`state_of` made, once it fits ``loader``. A state
-    saved by another rank fits: every rank is at the same batch of the same epoch. A state saved by a loader with
-    another number of ranks, batch size or ``drop_last`` fits at an epoch's start or end (a resharded run resumes
-    there: the epoch order of another world size deals the rows out differently, so a place inside an epoch
-    names no rows of this one).
+def checked_state(loader, state: Dict) -> Tuple[int, Union[int, Tuple[int, int]], int, bool]:
+    """``(epoch, place, seed, shuffle)`` of a state :func:`state_of` made, once it fits ``loader``; ``place`` is
+    the batches already yielded, or ``(origin world size, position)`` where the rest of the epoch is to be
+    dealt out to this loader's ranks (:mod:`.dealt_epoch`). A state saved by another rank fits: every rank is
+    at the same place. A state saved by a loader with another number of ranks fits anywhere (an elastic run
+    that changed size deals the rest of the epoch out); with another batch size or ``drop_last``, at an
+    epoch's start or end only (a place inside an epoch names batches of that size).
 
     Raises:
-        DatasetError: the state is not a loader's, or was saved by a loader with another number of rows, batch
-            size or ``drop_last`` (its position would name other rows), or with another number of ranks inside
-            an epoch, or is past the epoch's end.
+        DatasetError: the state is not a loader's, or was saved by a loader with another number of rows, or
+            with another batch size or ``drop_last`` inside an epoch, or is past the epoch's end.
     """
     where = f"dataset {loader.handle.name!r}"
     if not isinstance(state, dict) or not {"epoch", "batches"} <= set(state):
@@ -44,20 +62,27 @@ def checked_state(loader, state: Dict) -> Tuple[int, int, int, bool]:
                            loader.handle.name)
     ours = state_of(loader, 0, 0)
     differ = [f"{k}={state[k]!r} (this loader: {ours[k]!r})" for k in _SAME if k in state and state[k] != ours[k]]
-    at_end = "epoch_batches" in state and int(state["batches"]) == int(state["epoch_batches"])
-    if differ and not any(d.startswith("num_rows=") for d in differ) and (int(state["batches"]) == 0 or at_end):
-        return (int(state["epoch"]), len(loader) if at_end else 0, state.get("seed", loader.seed),
-                state.get("shuffle", loader.shuffle))
-    if differ:
+    epoch, batches = int(state["epoch"]), int(state["batches"])
+    seed, shuffle = state.get("seed", loader.seed), state.get("shuffle", loader.shuffle)
+    at_end = "epoch_batches" in state and batches == int(state["epoch_batches"])
+    if differ and not any(d.startswith("num_rows=") for d in differ) and (
+            (batches == 0 and "origin" not in state) or at_end):
+        return epoch, len(loader) if at_end else 0, seed, shuffle
+    if [d for d in differ if not d.startswith("world_size=")]:
         raise DatasetError(f"{where}: the loader state was saved with {', '.join(differ)} at batch "
                            f"{state['batches']} of an epoch; a place inside an epoch resumes only the same rows, "
-                           "ranks, batch size and drop_last (another number of ranks or batch size resumes at an "
-                           "epoch's start or end: save the checkpoint there to change them)", loader.handle.name)
-    batches = int(state["batches"])
-    if not 0 <= batches <= len(loader):
-        raise DatasetError(f"{where}: the loader state is at batch {batches}, outside the epoch's {len(loader)}",
-                           loader.handle.name)
-    return int(state["epoch"]), batches, state.get("seed", loader.seed), state.get("shuffle", loader.shuffle)
+                           "batch size and drop_last (another batch size resumes at an epoch's start or end: save "
+                           "the checkpoint there to change it)", loader.handle.name)
+    origin = state.get("origin") or {"world_size": int(state.get("world_size", loader.world_size)),
+                                     "position": batches * int(state.get("world_size", loader.world_size))}
+    n, position = int(origin["world_size"]), int(origin["position"])
+    if n == loader.world_size and position % n == 0:
+        batches = position // n
+        if not 0 <= batches <= len(loader):
+            raise DatasetError(f"{where}: the loader state is at batch {batches}, outside the epoch's "
+                               f"{len(loader)}", loader.handle.name)
+        return epoch, batches, seed, shuffle
+    return epoch, (n, position), seed, shuffle
 
 
 def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, skip: int) -> List[Tuple[int, int]]:
@@ -98,14 +123,17 @@ class EpochSampler:
 class Resumable:
     """A ``ShardLoader``'s epoch and place in it: ``set_epoch``, ``sampler``, ``state_dict``, ``load_state_dict``.
 
-    ``_resume_at``: ``(epoch, batch)`` where the next iteration of that epoch starts (restored, not yet begun);
-    ``_at``: ``(epoch, batches yielded)`` of the iteration under way or the latest one. Both are set by the
-    loader's ``__iter__``.
+    ``_resume_at``: ``(epoch, place)`` where the next iteration of that epoch starts (restored, not yet begun):
+    a batch, or ``(origin world size, position)`` for an epoch dealt out (:mod:`.dealt_epoch`);
+    ``_at``: ``(epoch, batches yielded)`` of the iteration under way or the latest one; ``_dealt``:
+    ``(epoch, origin world size, start position)`` of the latest iteration when it was dealt out. They are set
+    by the loader's ``__iter__``.
     """
 
     batch_sampler = None  # Lightning reads it beside ``sampler`` (a DataLoader has both)
-    _resume_at: Optional[Tuple[int, int]] = None
+    _resume_at: Optional[Tuple[int, Union[int, Tuple[int, int]]]] = None
     _at: Tuple[int, int] = (0, 0)
+    _dealt: Optional[Tuple[int, int, int]] = None
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` from now on. A position :meth:`load_state_dict` restored in another epoch is
@@ -130,11 +158,12 @@ class Resumable:
     def load_state_dict(self, state: Dict) -> None:
         """Resume at ``state`` (from :meth:`state_dict`): the next iteration yields the batches of its epoch after
         the ones already yielded, exactly those an uninterrupted epoch gives (``len(loader) - state["batches"]``
-        of them), and the next epoch is whole again.
+        of them), and the next epoch is whole again. A state of another number of ranks (an elastic run that
+        changed size) deals the rest of its epoch out to this loader's ranks (:mod:`.dealt_epoch`).
 
         Raises:
-            DatasetError: ``state`` is not a loader's state, or it was saved with another number of rows, ranks,
-                batch size or ``drop_last``.
+            DatasetError: ``state`` is not a loader's state, or it was saved with another number of rows, or
+                with another batch size or ``drop_last`` inside an epoch.
         """
         epoch, batches, self.seed, self.shuffle = checked_state(self, state)
         self.epoch, self._resume_at = epoch, (epoch, batches)

@@ -65,12 +65,15 @@ class TransformedLoader(Resumable):
         # A generator, as the inner loader's: a set_epoch between iter() and the first next() still counts.
         epoch = self.epoch
         skip = self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else 0
-        self._resume_at, self._at = None, (epoch, skip)
         inner = self._inner
         inner.seed, inner.shuffle, inner.epoch = self.seed, self.shuffle, epoch
         inner._resume_at = (epoch, skip) if skip else None
         inner.on_progress = None  # the progress is what the training loop got, counted below
-        expected, yielded = len(self) - skip, 0
+        # An epoch dealt out after a resize (.dealt_epoch) counts its steps from 0; its place is the inner one's.
+        self._dealt = (epoch, *skip) if isinstance(skip, tuple) else None
+        skip = 0 if self._dealt else skip
+        self._resume_at, self._at = None, (epoch, skip)
+        expected, yielded = (len(self) - skip if self._dealt is None else self.state_dict()["epoch_batches"]), 0
         pool = self._workers_pool()
         for batch in pool.map(iter(inner), epoch=epoch, start=skip):
             if self.device is not None:

@@ -23,7 +23,7 @@ import os
 import random
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 from ..config import CONF_STORE_PORT, RunConfig
 from ..spark import session
@@ -33,7 +33,7 @@ from ..task.partition import run_partition
 from ..wire.protocol import ABORT, Abort, LaunchSpec
 from ..wire.ranks import TaskInfo
 from ..wire.signed_store import SignedStore, bind_in_range, host_store
-from . import first_task
+from . import elastic, first_task
 from .coordinator import Coordinator
 from .outcome import JobError, Outcome, Seen, outcome_of
 
@@ -43,8 +43,16 @@ _CONNECT_MARGIN_S = 30.0
 _CANCEL_WAIT_S = 60.0
 
 
+class Sizes(NamedTuple):
+    """An attempt's place in its run's sizes: ``initial`` (``num_processes``) and ``previous`` (the last
+    attempt's ranks; 0 for the first)."""
+
+    initial: int = 0
+    previous: int = 0
+
+
 def launch_spec(config: RunConfig, attempt: int, job_bytes: bytes, handles, checkpoint_dir: str,
-                relay_output: str, store_host: str = "", store_port: int = 0) -> LaunchSpec:
+                relay_output: str, store_host: str = "", store_port: int = 0, sizes: Sizes = Sizes()) -> LaunchSpec:
     """What every task of the attempt gets; a fresh secret, so nothing of an earlier attempt can join.
     ``store_host``/``store_port``: where the driver hosts the store (empty under Connect: the first task's)."""
     return LaunchSpec(
@@ -53,7 +61,10 @@ def launch_spec(config: RunConfig, attempt: int, job_bytes: bytes, handles, chec
         checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
         backend=config.backend, max_result_bytes=config.max_result_bytes,
         processes_per_task=config.processes_per_task, relay_output=relay_output,
-        remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config))
+        remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config),
+        initial_world_size=sizes.initial or config.num_processes, previous_world_size=sizes.previous,
+        # Rank 0 stops at a checkpoint when the driver asks (a preemption, a grow): never in local mode.
+        watch_resize=not config.local_mode)
 
 
 class Attempt:
@@ -62,10 +73,11 @@ class Attempt:
     Args:
         owner: the Distributor (``log_ranks``, ``_on_report``, ``_on_progress``).
         time_left: seconds the run may still take (``None``: no limit).
+        sizes: the run's sizes (elastic runs); ``config.num_processes`` is this attempt's.
     """
 
     def __init__(self, owner, config: RunConfig, backend, job_bytes: bytes, attempt: int, handles,
-                 checkpoint_dir: str, spark, time_left: Optional[float]):
+                 checkpoint_dir: str, spark, time_left: Optional[float], sizes: Sizes = Sizes()):
         self.owner, self.config, self.backend, self.attempt, self.spark = owner, config, backend, attempt, spark
         self.time_left = time_left
         self.deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
@@ -79,7 +91,11 @@ class Attempt:
             # (a firewall opens only those), else any free one.
             self._listener = bind_in_range(config.bind_address, config.store_ports, CONF_STORE_PORT)
             host, port = config.driver_host, self._listener.getsockname()[1]
-        self.spec = launch_spec(config, attempt, job_bytes, handles, checkpoint_dir, owner.log_ranks, host, port)
+        self.spec = launch_spec(config, attempt, job_bytes, handles, checkpoint_dir, owner.log_ranks, host, port,
+                                sizes)
+        # What the driver watches for: a decommissioned executor under a rank, the missing ranks' slots.
+        full = dataclasses.replace(config, num_processes=sizes.initial or config.num_processes)
+        self.resize_check = elastic.watch(full, spark, config.num_processes)
 
     def run(self) -> Outcome:
         """The attempt's outcome; a failure of the ranks or of the job is in it, not raised.
@@ -139,7 +155,7 @@ class Attempt:
                                   cancel=self._cancel, on_report=self.owner._on_report, deadline=self.deadline,
                                   host=self.config.driver_host, bind_address=self.config.bind_address,
                                   on_output=output.printer(self.owner.log_ranks),
-                                  on_progress=self.owner._on_progress)
+                                  on_progress=self.owner._on_progress, resize_check=self.resize_check)
         try:
             coordinator.watch(done.wait)
             thread.join()

@@ -15,7 +15,7 @@ from ..backends.base import torchrun_env
 from ..config import RunConfig
 from .outcome import JobError, Seen
 from ..task.output import OutputRelay
-from ..wire.protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, RUN_SUCCEEDED, Abort, LaunchSpec,
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, RESIZE, RUN_SUCCEEDED, Abort, LaunchSpec,
                        SlotAssignment, assignment_key, beat_key, ended_key, stack_key, task_key)
 from ..wire.ranks import RankInfo, TaskInfo, assign_ranks
 from ..wire.signed_store import FORGED, SignedStore
@@ -23,6 +23,7 @@ from ..wire.store_log import StoreLog
 
 _EAGER_RENDEZVOUS_S = 0.5  # how long the driver looks for the tasks every 2 ms before every 20 ms
 PROGRESS_EVERY_S = 0.25  # how often the driver reads rank 0's progress
+RESIZE_CHECK_S = 2.0  # how often an elastic run below its size looks for free slots (a py4j call or two)
 
 
 class Coordinator:
@@ -40,13 +41,17 @@ class Coordinator:
         on_progress: called with rank 0's latest ``(epoch, step, steps, steps_per_second)``.
         deadline: ``time.monotonic()`` past which the run has exceeded ``timeout`` (``None``: no limit).
         host: the address the backend's own servers bind (the store's host).
+        resize_check: given where the tasks run, why the run should stop at its next checkpoint (a preemption, a grow:
+            :func:`spark_dist.driver.elastic.watch`), else ``None``; run every RESIZE_CHECK_S once the ranks are
+            assigned; its first reason goes to the ranks (``resize``).
     """
 
     def __init__(self, store: SignedStore, config: RunConfig, spec: LaunchSpec, backend,
                  job_ended: Optional[Callable[[], bool]], cancel: Callable[[], None], on_report: Callable[[dict], None],
                  deadline: Optional[float], host: str, bind_address: Optional[str] = None,
                  on_output: Optional[Callable[[int, str, str], None]] = None,
-                 on_progress: Optional[Callable[[tuple], None]] = None):
+                 on_progress: Optional[Callable[[tuple], None]] = None,
+                 resize_check: Optional[Callable[[List[TaskInfo]], Optional[str]]] = None):
         self.store, self.config, self.spec, self.backend = store, config, spec, backend
         self.job_ended = job_ended or self.all_ranks_ended
         self.cancel, self.on_report, self.on_progress = cancel, on_report, on_progress
@@ -68,6 +73,8 @@ class Coordinator:
         self.lost_ranks: List[RankInfo] = []  # the ranks on a host that went silent
         self.timed_out = False
         self.cancelled = False  # whether this coordinator cancelled the job itself
+        self.resize_check = resize_check
+        self.next_resize_check = 0.0
 
     def watch(self, poll_until: Callable[[float], bool]) -> None:
         """Assign ranks, relay reports, enforce abort and timeout until ``job_ended()``.
@@ -105,6 +112,8 @@ class Coordinator:
                 poll = 0.01  # a rank is printing fast: its supervisor waits for room in the store
             self.drain_progress(now)
             self._settle(assigned, abort_at is not None)
+            if assigned and abort_at is None:
+                self._check_resize(now)
             if assigned and abort_at is None and self._silent_hosts(now):
                 self.store.put(ABORT, Abort.HOST_LOST)
                 abort_at = now
@@ -134,6 +143,16 @@ class Coordinator:
         else:
             return
         self.store.put(RUN_SUCCEEDED, self.succeeded)
+
+    def _check_resize(self, now: float) -> None:
+        """Tell the ranks, once, why the run should change size (rank 0 stops at its next checkpoint)."""
+        if self.resize_check is None or now < self.next_resize_check:
+            return
+        self.next_resize_check = now + RESIZE_CHECK_S
+        reason = self.resize_check(self.tasks)
+        if reason is not None:
+            self.store.put(RESIZE, reason)
+            self.resize_check = None
 
     def _arrived_tasks(self, n: int) -> Optional[List[TaskInfo]]:
         """Every slot's TaskInfo once all ``n`` came, else ``None``: the ``arrived`` counter says when to

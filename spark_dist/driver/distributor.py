@@ -6,26 +6,28 @@ the first failure or the timeout -> rank 0's result, or :class:`TrainingFailedEr
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import itertools
 import logging
-import os
 import time
 from typing import Any, Dict, List, Optional
 
+from ..data import cache
 from ..task import checkpoint_dirs, output
 from ..spark import session
-from . import slots, tracking
+from . import elastic, slots, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
-from ..wire.pickling import by_value
 from ..context import LOG_KEY, REPORT_KEYS
 from ..task.sharded_checkpoints import CHECKPOINT_KEY
 from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
-from .attempt import Attempt
+from .attempt import Attempt, Sizes
 from .outcome import worth_retrying
-from ..wire.protocol import Job
+from .job_bytes import pickle_job
+from ..wire.protocol import PREEMPTED
 
 log = logging.getLogger("spark_dist")
+_GROW_SETTLE_S = 30.0
 
 
 class Distributor:
@@ -39,6 +41,13 @@ class Distributor:
         use_gpu: one GPU per rank (``spark.task.resource.gpu.amount`` per task); NCCL is then the backend
             to pass to ``init_process_group``.
         max_retries: resubmit a failed run this many times; the function resumes from its last checkpoint.
+        min_processes: make the run elastic (conf ``spark.dist.minProcesses``; default ``num_processes``, a
+            fixed size): an attempt may run on fewer ranks, down to this many, when the cluster has lost
+            executors (a retry starts on the slots left instead of waiting for replacements) or has fewer
+            than ``num_processes`` slots at the start; it grows back to ``num_processes`` at the next
+            ``ctx.save_checkpoint`` once their slots are free again. The ranks see ``ctx.world_size``,
+            ``ctx.initial_world_size`` and ``ctx.resized``; loaders deal the rest of an epoch out to the new
+            ranks. See docs/elastic.md.
         timeout: seconds the whole run may take (all attempts, counted once the datasets are written: a
             first write of a large DataFrame is Spark's work, not training; nor is the time an attempt waits
             for slots that other runs of this process hold, see :mod:`spark_dist.driver.slots`); ``None``
@@ -65,10 +74,11 @@ class Distributor:
     def __init__(self, num_processes: int = 1, backend: str = "ddp", local_mode: bool = False,
                  use_gpu: bool = False, max_retries: int = 0, timeout: Optional[float] = None, *,
                  checkpoint_dir: Optional[str] = None, run_id: Optional[str] = None, verbose: bool = True,
-                 log_ranks: Optional[str] = None, layout: str = "host", spark=None):
+                 log_ranks: Optional[str] = None, layout: str = "host", min_processes: Optional[int] = None,
+                 spark=None):
         self._args = dict(num_processes=num_processes, backend=backend, local_mode=local_mode, use_gpu=use_gpu,
                           max_retries=max_retries, timeout=timeout, run_id=run_id, checkpoint_dir=checkpoint_dir,
-                          layout=layout)
+                          layout=layout, min_processes=min_processes)
         RunConfig.build(arguments_only=True, **self._args)  # fail fast; run() checks the conf too
         self.verbose = verbose
         self._bar = output.ProgressBar()
@@ -107,18 +117,22 @@ class Distributor:
         config = RunConfig.build(spark_conf=conf, **self._args)
         backend = get_backend(config.backend, config)
         backend.check_available()
-        job_bytes = _pickle_job(train_object, args, kwargs, **self._job_fields(train_object))
+        job_bytes = pickle_job(train_object, args, kwargs, **self._job_fields(train_object))
         if config.local_mode and config.use_gpu:
             from ..spark.resources import local_gpu_addresses
 
             local_gpu_addresses(config.num_processes, spark)
         if not config.local_mode and spark is None:
             raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
-        self._wait_for_slots(config, spark)
+        first_size = config.num_processes
+        if config.elastic and not config.local_mode:
+            first_size = elastic.first_size(config, spark, config.slot_wait_timeout)
+        else:
+            self._wait_for_slots(config, spark)
         handles = {}
         if datasets:
-            handles = _prepared(spark, datasets, config.num_processes)
-        checkpoint_dir = _run_checkpoint_dir(config)
+            handles = cache.handles_for_run(spark, datasets, config.num_processes)
+        checkpoint_dir = checkpoint_dirs.run_dir(config)
         if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
             from ..data.cache import remote_hosts
 
@@ -139,7 +153,7 @@ class Distributor:
         self._bar = output.ProgressBar()
         self._tracker = tracking.Tracker(config.run_id, tracking.run_params({**self._args, "run_id": config.run_id}))
         try:
-            result = self._attempts(config, spark, backend, job_bytes, handles, checkpoint_dir)
+            result = self._attempts(config, spark, backend, job_bytes, handles, checkpoint_dir, first_size)
         except BaseException:
             self._tracker.end(failed=True)
             raise
@@ -147,39 +161,87 @@ class Distributor:
         self._tracker.end()
         return result
 
-    def _attempts(self, config: RunConfig, spark, backend, job_bytes: bytes, handles, checkpoint_dir: str):
-        """Attempt after attempt until one succeeds, or the failures are not worth another."""
+    def _attempts(self, config: RunConfig, spark, backend, job_bytes: bytes, handles, checkpoint_dir: str,
+                  size: int):
+        """Attempt after attempt until one succeeds, or the failures are not worth another. An attempt that
+        stopped at a checkpoint when the driver asked (:class:`~spark_dist.errors.RunResized`: a preemption, an
+        elastic run's grow) is followed by the next, not counted as a retry; preemptions have a budget of their
+        own (``spark.dist.maxPreemptions``)."""
         started = time.monotonic()
-        failures_seen: List[RankFailure] = []
-        for attempt in range(config.max_retries + 1):
-            if attempt:  # a lost executor may still be coming back
+        failures_seen: List[RankFailure] = []  # the last attempt that failed (a resize is no failure)
+        ended: List[RankFailure] = []  # how the last attempt ended: its failures, or rank 0's resize
+        retries, previous_size, preemptions = 0, 0, 0
+        for attempt in itertools.count():
+            if attempt and config.elastic and not config.local_mode:
+                size = self._retry_size(config, spark, ended, previous_size, attempt, started)
+            elif attempt:  # a lost executor may still be coming back
                 self._wait_to_retry(config, spark, failures_seen, attempt, started)
+            self._attempt_started(config, attempt, size, previous_size, ended)
+            sized = config if size == config.num_processes else dataclasses.replace(config, num_processes=size)
             # no eviction of these caches while the ranks read them; the job only once its slots are free
-            with _kept(handles), slots.held(spark, config.num_tasks, config.local_mode) as queued:
+            with cache.kept(handles), slots.held(spark, sized.num_tasks, config.local_mode) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time
                 remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).
-                outcome = Attempt(self, config, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
-                                  remaining).run()
+                outcome = Attempt(self, sized, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
+                                  remaining, Sizes(config.num_processes, previous_size)).run()
             if outcome.failures is None:
                 import cloudpickle
 
                 result = cloudpickle.loads(outcome.result_bytes)
-                self._summary(config, attempt, time.monotonic() - started)
+                self._summary(sized, attempt, time.monotonic() - started)
                 if checkpoint_dirs.removed_after_success(config):  # the driver's own copy (local mode)
                     checkpoint_dirs.remove(checkpoint_dir)
                 return result
-            previous, failures_seen = failures_seen, outcome.failures
+            ended, previous_size = outcome.failures, size
             self._bar.close()
             if outcome.timed_out:
-                raise RunTimeoutError(failures_seen, attempt + 1, config.run_id)
-            if attempt < config.max_retries and worth_retrying(failures_seen, config.num_processes, previous):
+                raise RunTimeoutError(ended, attempt + 1, config.run_id)
+            backend = get_backend(config.backend, config)
+            if any(f.kind == "resized" for f in ended):
+                preemptions += any(f.kind == "resized" and f.message.startswith(PREEMPTED) for f in ended)
+                if preemptions > config.max_preemptions:
+                    raise TrainingFailedError([elastic.too_many_preemptions(config, ended)], attempt + 1,
+                                              config.run_id)
+                continue
+            previous, failures_seen = failures_seen, ended
+            if retries < config.max_retries and worth_retrying(failures_seen, size, previous):
+                retries += 1
                 log.warning("spark_dist: attempt %d of run %s failed (%s); retrying", attempt, config.run_id,
                             root_cause(failures_seen).headline())
-                backend = get_backend(config.backend, config)
                 continue
             raise TrainingFailedError(failures_seen, attempt + 1, config.run_id)
         raise AssertionError("unreachable")
+
+    def _retry_size(self, config: RunConfig, spark, failures: List[RankFailure], previous_size: int,
+                    attempt: int, started: float) -> int:
+        """The next attempt's ranks (elastic runs): see :func:`spark_dist.driver.elastic.retry_size`."""
+        wait = _retry_wait(config, started)
+        try:
+            # After a resize to grow, the stopped attempt's own tasks free their slots within seconds: give them
+            # that long before settling for fewer ranks; after lost ranks, the hosts left free theirs at once.
+            grow = any(f.kind == "resized" and not f.message.startswith(PREEMPTED) for f in failures)
+            settle = min(wait, _GROW_SETTLE_S) if grow else config.abort_grace_period
+            return elastic.retry_size(config, spark, previous_size, failures, wait, settle, settle if grow else 2.0)
+        except ConfigError as exc:
+            raise ConfigError(f"run {config.run_id} could not be retried: {exc}; attempt {attempt - 1} had "
+                              f"failed: {root_cause(failures).headline()}") from TrainingFailedError(
+                                  failures, attempt, config.run_id)
+
+    def _attempt_started(self, config: RunConfig, attempt: int, size: int, previous_size: int,
+                         failures: List[RankFailure]) -> None:
+        """An elastic run's size at its start and at each change: in the history, MLflow and the output."""
+        record = elastic.resize_record(config, attempt, size, previous_size, failures)
+        if record is None:
+            return
+        self.history.append(record)
+        self._tracker.world_size(attempt, size)
+        if attempt:
+            log.warning("spark_dist: run %s continues on %d of %d ranks (%s)", config.run_id, size,
+                        config.num_processes, record["reason"])
+            if self.verbose:
+                print(f"[spark_dist] run {config.run_id}: attempt {attempt} on {size} of {config.num_processes} "
+                      f"ranks ({record['reason']})", flush=True)
 
     # ----------------------------------------------------------------------------------------------------
     @staticmethod
@@ -199,9 +261,7 @@ class Distributor:
             ConfigError: the slots did not come back in time, naming the key; its ``__cause__`` is the
                 :class:`TrainingFailedError` of the attempt that failed.
         """
-        wait = config.retry_slot_wait_timeout
-        if config.timeout is not None:
-            wait = min(wait, max(config.timeout - (time.monotonic() - started), 0.0))
+        wait = _retry_wait(config, started)
         try:
             self._wait_for_slots(config, spark, wait)
         except ConfigError as exc:
@@ -270,7 +330,8 @@ class Distributor:
     def history_frame(self):
         """The last run's ``ctx.report`` records as a pandas DataFrame, one row per report in the order they
         arrived: ``rank``, ``attempt``, ``time`` (a timestamp) and one column per metric, ready to plot
-        (``d.history_frame().query("rank == 0").plot(x="epoch", y="loss")``)."""
+        (``d.history_frame().query("rank == 0").plot(x="epoch", y="loss")``); with the driver's rows (no
+        ``rank``) of each resize and preemption: ``event``, ``world_size``, ``reason``."""
         return history_frame(self.history)
 
     def _summary(self, config: RunConfig, attempt: int, seconds: float) -> None:
@@ -299,30 +360,6 @@ def _spark_conf(spark) -> Dict[str, str]:
     return session.conf_snapshot(spark, keys.RUNTIME_KEYS)
 
 
-def _prepared(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str, Any]:
-    """Dataset handles for the ranks: DataFrames are materialised (which needs Spark); handles that
-    ``prepare_datasets`` returned before pass through, so a local-mode run needs no SparkSession for them."""
-    from ..data import DatasetHandle
-
-    if spark is None:
-        if not isinstance(datasets, dict) or not all(isinstance(d, DatasetHandle) for d in datasets.values()):
-            raise ConfigError("datasets= holding DataFrames needs an active SparkSession")
-        from ..data.cache import pass_through
-
-        return {name: pass_through(name, handle, num_ranks) for name, handle in datasets.items()}
-    from ..data import prepare_datasets
-
-    return prepare_datasets(spark, datasets, num_ranks)
-
-
-def _kept(handles: Dict[str, Any]):
-    if not handles:
-        return contextlib.nullcontext()
-    from ..data.cache import in_use
-
-    return in_use(handles.values())
-
-
 def history_frame(records: List[Dict[str, Any]]):
     """``records`` (reports or per-epoch history) as a pandas DataFrame; ``time`` as timestamps."""
     import pandas as pd
@@ -333,54 +370,11 @@ def history_frame(records: List[Dict[str, Any]]):
     return frame
 
 
+def _retry_wait(config: RunConfig, started: float) -> float:
+    """How long a retry may wait for slots: ``spark.dist.retrySlotWaitTimeout``, within the run's timeout."""
+    left = float("inf") if config.timeout is None else config.timeout - (time.monotonic() - started)
+    return max(min(config.retry_slot_wait_timeout, left), 0.0)
+
+
 def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _run_checkpoint_dir(config: RunConfig) -> str:
-    """The run's checkpoint directory as its ranks get it, drawn once per run (its retries resume from it):
-    ``<root>/<run_id>`` under a given root, each run its own, so a new run never resumes another's and
-    naming an earlier ``run_id`` resumes it; else the default's name, which each rank places in its own
-    host's private temp dir (:mod:`~spark_dist.task.checkpoint_dirs`, which also checks it there each time).
-
-    Raises:
-        ConfigError: the given root is visible here and the run's directory in it is someone else's or
-            writable by others (checkpoints are unpickled), naming the key to change.
-    """
-    if config.checkpoint_dir is None:
-        return checkpoint_dirs.default_name(config.run_id, named=config.resume)
-    path = os.path.join(config.checkpoint_dir, config.run_id)
-    try:
-        checkpoint_dirs.check_dir(path)
-    except checkpoint_dirs.CheckpointDirError as exc:
-        raise ConfigError(f"{exc} (or use another run_id)") from None
-    except OSError:  # the driver may not mount the executors' shared filesystem: the ranks make and check it
-        pass
-    return path
-
-
-def _pickle_job(train_object, args, kwargs, **job_fields) -> bytes:
-    """Pickle the function (or read the script) on the driver, so errors show here, before any job.
-
-    Raises:
-        ConfigError: ``train_object`` is neither callable nor an existing ``.py`` file.
-    """
-    import cloudpickle
-
-    if isinstance(train_object, (str, os.PathLike)):
-        path = os.path.abspath(os.fspath(train_object))
-        if not os.path.isfile(path):
-            raise ConfigError(f"train_object {train_object!r} is not a file (pass a function or a .py path)")
-        if kwargs:
-            raise ConfigError("keyword arguments cannot be passed to a script: pass them as '--name=value' args")
-        with open(path, "rb") as f:
-            source = f.read()
-        job = Job(script_path=path, script_source=source, script_args=tuple(str(a) for a in args), **job_fields)
-        return cloudpickle.dumps(job)
-    if not callable(train_object):
-        raise ConfigError(f"train_object must be a function or a path to a .py file, got {type(train_object).__name__}")
-    with by_value([train_object]):
-        try:
-            return cloudpickle.dumps(Job(fn=train_object, args=tuple(args), kwargs=dict(kwargs), **job_fields))
-        except Exception as exc:
-            raise ConfigError(f"the training function or its arguments cannot be pickled: {exc}") from exc

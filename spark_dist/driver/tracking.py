@@ -82,6 +82,10 @@ class Tracker:
             self._count[key] = step + 1
             self._log(lambda: self.mlflow.log_metric(key, value, step=step))
 
+    def world_size(self, attempt: int, size: int) -> None:
+        """An elastic run's number of ranks, at the attempt it started with (the ``world_size`` metric)."""
+        self._log(lambda: self.mlflow.log_metric("world_size", size, step=attempt))
+
     def input_stats(self, stats) -> None:
         """Each rank's time waiting for data, against its training time."""
         for s in stats:
@@ -122,5 +126,5 @@ class Tracker:
 
 def run_params(args: Dict[str, Any]) -> Dict[str, Optional[Any]]:
     """The Distributor's arguments as MLflow params."""
-    return {k: args.get(k) for k in ("num_processes", "backend", "local_mode", "use_gpu", "max_retries",
-                                     "timeout", "run_id")}
+    return {k: args.get(k) for k in ("num_processes", "min_processes", "backend", "local_mode", "use_gpu",
+                                     "max_retries", "timeout", "run_id")}

@@ -1,7 +1,7 @@
 """The one place spark_dist reaches into the driver JVM through PySpark's private py4j handles.
 
 PySpark has no public API for these (on either Spark line): the scheduler's concurrent-task count, the
-registered executors' hosts, a DataFrame's analyzed plan (to find the cache a user's own Petastorm converter
+registered executors' hosts, the executors being decommissioned, a DataFrame's analyzed plan (to find the cache a user's own Petastorm converter
 made of it), Hadoop's FileSystem (to list and move files in any scheme Spark itself writes), the JVM's child
 processes (has a Python daemon started?). The handles used (``sc._jsc``,
 ``sc._jvm``, ``df._jdf``) are the same on Spark 3.5 and 4.x; keeping them here makes them easy to check
@@ -9,7 +9,7 @@ when a Spark line moves, and marks what a session without a JVM (Spark Connect) 
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List, Set
 
 
 def max_concurrent_tasks(sc) -> int:
@@ -18,6 +18,50 @@ def max_concurrent_tasks(sc) -> int:
     jsc = sc._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def free_task_slots(sc) -> int:
+    """Slots free now: :func:`max_concurrent_tasks` less the tasks running on the executors, as Spark's own books
+    have them. A task on an executor that went silent stays running there until Spark declares the executor
+    lost, so a lost host's slots are never counted free before that."""
+    running = sum(int(info.numRunningTasks()) for info in sc._jsc.sc().statusTracker().getExecutorInfos())
+    return max(0, max_concurrent_tasks(sc) - running)
+
+
+def decommissioning_executors(sc) -> Dict[str, str]:
+    """Executor id -> host of the executors Spark is decommissioning now (a standalone worker's decommission
+    script, a YARN node draining, a Kubernetes pod being deleted with ``spark.decommission.enabled``); no Spark
+    job. The driver learns it from the cluster manager within a second and keeps it until the executor is gone;
+    no listener event says it, so the task scheduler's own record is read."""
+    scheduler = sc._jsc.sc().taskScheduler()
+    pending = scheduler.executorsPendingDecommission()
+    if pending.isEmpty():
+        return {}
+    found = {}
+    ids = pending.keySet().iterator()
+    while ids.hasNext():
+        executor = ids.next()
+        state = scheduler.getExecutorDecommissionState(executor)
+        if not state.isDefined():
+            continue
+        host = state.get().workerHost()  # standalone names the worker's host; YARN and Kubernetes do not
+        if host.isDefined():
+            found[executor] = host.get()
+        else:
+            summary = sc._jsc.sc().statusStore().executorSummary(executor)
+            found[executor] = summary.hostPort().rsplit(":", 1)[0]
+    return found
+
+
+def stage_executors(sc, stage: int) -> Set[str]:
+    """The ids of the executors that ran tasks of attempt 0 of stage ``stage`` (the status store's); no Spark
+    job."""
+    summaries = sc._jsc.sc().statusStore().executorSummary(stage, 0)
+    ids = summaries.keys().iterator()
+    found = set()
+    while ids.hasNext():
+        found.add(ids.next())
+    return found
 
 
 def executor_hosts(sc) -> List[str]:

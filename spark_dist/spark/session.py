@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 from . import jvm
 
@@ -93,6 +93,37 @@ def task_slots(spark, conf: Optional[Dict[str, str]] = None) -> Optional[int]:
     if not is_connect(spark):
         return jvm.max_concurrent_tasks(spark.sparkContext)
     return slots_from_conf(conf_snapshot(spark) if conf is None else conf)
+
+
+def free_task_slots(spark) -> Optional[int]:
+    """Task slots free now on a classic session (:func:`~spark_dist.spark.jvm.free_task_slots`); ``None`` under
+    Spark Connect, which has no API for it."""
+    if is_connect(spark):
+        return None
+    return jvm.free_task_slots(spark.sparkContext)
+
+
+def decommissioning_hosts(spark) -> Optional[Dict[str, str]]:
+    """Executor id -> host of the executors being decommissioned now on a classic session
+    (:func:`~spark_dist.spark.jvm.decommissioning_executors`); ``None`` under Spark Connect, which has no API
+    for it, and where the scheduler's record cannot be read (another Spark line's internals)."""
+    if is_connect(spark):
+        return None
+    try:
+        return jvm.decommissioning_executors(spark.sparkContext)
+    except Exception:  # noqa: BLE001 -- Spark internals through py4j: no notices rather than a failed run
+        return None
+
+
+def stage_executors(spark, stage: int) -> Optional[Set[str]]:
+    """The ids of the executors running stage ``stage``'s tasks on a classic session; ``None`` under Spark
+    Connect or where the status store cannot be read."""
+    if is_connect(spark) or stage < 0:
+        return None
+    try:
+        return jvm.stage_executors(spark.sparkContext, stage)
+    except Exception:  # noqa: BLE001 -- Spark internals through py4j: fall back to the hosts
+        return None
 
 
 def slots_from_conf(conf: Dict[str, str]) -> Optional[int]:

@@ -33,6 +33,7 @@ import tempfile
 from typing import IO, Iterator, Optional
 
 from ..config import CONF_CHECKPOINT_DIR
+from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -265,3 +266,25 @@ def _refuse(path: str, problem: str) -> None:
 
 __all__ = ["CheckpointDirError", "atomic_write", "check_dir", "default_name", "is_default", "open_checked",
            "private_root", "remove", "remove_after_success", "removed_after_success", "resolve"]
+
+
+def run_dir(config) -> str:
+    """The run's checkpoint directory as its ranks get it, drawn once per run (its retries resume from it):
+    ``<root>/<run_id>`` under a given root, each run its own, so a new run never resumes another's and
+    naming an earlier ``run_id`` resumes it; else the default's name, which each rank places in its own
+    host's private temp dir (this module also checks it there each time).
+
+    Raises:
+        ConfigError: the given root is visible here and the run's directory in it is someone else's or
+            writable by others (checkpoints are unpickled), naming the key to change.
+    """
+    if config.checkpoint_dir is None:
+        return default_name(config.run_id, named=config.resume)
+    path = os.path.join(config.checkpoint_dir, config.run_id)
+    try:
+        check_dir(path)
+    except CheckpointDirError as exc:
+        raise ConfigError(f"{exc} (or use another run_id)") from None
+    except OSError:  # the driver may not mount the executors' shared filesystem: the ranks make and check it
+        pass
+    return path

@@ -81,10 +81,10 @@ def task_slots(task_context, spec: LaunchSpec) -> List[TaskInfo]:
     executor = task_context.getTaskInfos()[partition].address
     host = executor.rsplit(":", 1)[0]
     gpus = tuple(task_gpu_addresses(task_context)) if spec.use_gpu else ()
-    k = spec.processes_per_task
+    k, stage = spec.processes_per_task, task_context.stageId()
     if k == 1:
-        return [TaskInfo(partition, host, gpus, executor, partition)]
+        return [TaskInfo(partition, host, gpus, executor, partition, stage)]
     if len(gpus) < k:
         raise RuntimeError(f"spark_dist: this task holds GPUs {list(gpus)} but runs {k} ranks, one per GPU "
                            "(spark.task.resource.gpu.amount): check the executors' GPU discovery script")
-    return [TaskInfo(partition * k + j, host, (gpus[j],), executor, partition) for j in range(k)]
+    return [TaskInfo(partition * k + j, host, (gpus[j],), executor, partition, stage) for j in range(k)]

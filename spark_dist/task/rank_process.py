@@ -15,8 +15,8 @@ import time
 import traceback
 from typing import Dict, Optional
 
-from ..errors import RankFailure
-from ..wire.protocol import PROGRESS, REPORTS, Job, LaunchSpec
+from ..errors import RankFailure, RunResized
+from ..wire.protocol import PROGRESS, REPORTS, RESIZE, Job, LaunchSpec
 from ..wire.ranks import RankInfo
 from ..wire.signed_store import SignedStore, join_store
 from ..wire.store_log import StoreLog
@@ -89,6 +89,8 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
         run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, gpus=rank.gpus, checkpoint_dir=spec.checkpoint_dir,
         datasets=dict(spec.datasets), _reporter=reporter,
+        initial_world_size=spec.initial_world_size or rank.world_size, previous_world_size=spec.previous_world_size,
+        _watch_resize=spec.watch_resize,
     )
     context._set_context(ctx)
     teardown.before_destroy(ctx.wait_for_checkpoints)
@@ -117,6 +119,11 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
                               traceback=traceback.format_exc(), time=time.time())
         write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
         return code
+    except RunResized as exc:  # rank 0 of an elastic run stopped at a checkpoint: the next attempt resizes
+        failure = RankFailure(rank.rank, rank.host, "resized", str(exc), exc_type="spark_dist.errors.RunResized",
+                              time=time.time())
+        write_private(os.path.join(workdir, "failure.pkl"), pickle.dumps(failure))
+        return 1
     except BaseException as exc:
         failure = RankFailure(rank.rank, rank.host, "exception", str(exc),
                               exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}".replace("builtins.", ""),
@@ -208,3 +215,7 @@ class _Reporter:
 
     def progress(self, value: tuple) -> None:
         self._connected().put(PROGRESS, value)
+
+    def resize_reason(self) -> Optional[str]:
+        """Why the driver asked this elastic run to change size (``None``: it did not)."""
+        return self._connected().lookup(RESIZE)

@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 from ..config import RunConfig
+from ..data import cache
 from ..driver import distributor as driver
 from ..errors import ConfigError, RunTimeoutError, TrainingFailedError
 from .mlflow_runs import StudyRuns
@@ -88,7 +89,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
     if not local_mode and spark is None:
         raise ConfigError("local_mode=False needs an active SparkSession (or pass spark=, or local_mode=True)")
     n_jobs = _concurrency(spark, run_args, max_concurrent, n_trials)
-    handles = driver._prepared(spark, datasets, num_processes) if datasets else {}
+    handles = cache.handles_for_run(spark, datasets, num_processes) if datasets else {}
     runs = StudyRuns(study, {"n_trials": n_trials, "num_processes": num_processes, "metric": metric,
                              "max_concurrent": n_jobs, "direction": ",".join(d.name for d in study.directions)})
     live: set = set()
@@ -130,7 +131,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
 
     catch = tuple(catch) + (TrainingFailedError, RunTimeoutError, TrialValueError)
     failed = True
-    with driver._kept(handles):  # no eviction of the datasets' caches during the study
+    with cache.kept(handles):  # no eviction of the datasets' caches during the study
         try:
             _run_interruptibly(
                 lambda: study.optimize(run_trial, n_trials=n_trials, timeout=timeout, n_jobs=n_jobs, catch=catch,

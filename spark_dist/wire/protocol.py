@@ -23,6 +23,10 @@ key                         written by             holds
                                                    absent)
 ``succeeded``               the driver             ``True`` once every rank has ended without a failure,
                                                    ``False`` once the run failed or was aborted
+``resize``                  the driver             why the run should stop at its next checkpoint and go on
+                                                   in a new attempt (an executor under a rank is being
+                                                   decommissioned; an elastic run's missing slots are free):
+                                                   rank 0 reads it at each checkpoint (``RunResized``)
 ==========================  =====================  ============================================================
 
 The logs are the only channel whose volume depends on the user's code, and the driver deletes what it has
@@ -49,6 +53,8 @@ OUTPUT = "output"
 FAILURES = "failures"
 PROGRESS = "progress"
 RUN_SUCCEEDED = "succeeded"
+RESIZE = "resize"
+PREEMPTED = "preempted: "  # how the ``resize`` reason for a decommissioned executor starts (ctx.preempted reads it)
 
 
 def task_key(task_index: int) -> str:
@@ -147,6 +153,11 @@ class LaunchSpec:
     # checkpoint_dir is the run's own default (a name under each host's private temp dir, see checkpoint_dirs):
     # each host removes its copy once the run succeeded. Never set for a given dir or a named run_id.
     remove_checkpoint_dir: bool = False
+    # The run's num_processes (an elastic run's attempt may have fewer ranks), the last attempt's ranks (0: none),
+    # and whether rank 0 stops at a checkpoint when the driver asks (the ``resize`` key: a preemption, a grow).
+    initial_world_size: int = 0
+    previous_world_size: int = 0
+    watch_resize: bool = False
 
     @property
     def prefix(self) -> str:

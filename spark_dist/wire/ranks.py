@@ -24,6 +24,7 @@ class TaskInfo:
     gpus: Tuple[str, ...] = ()  # this slot's GPU addresses
     executor: str = ""  # the executor's host:port on Spark (unique per executor); "" in local mode
     spark_task: int = -1  # -1: the same as task_index (one slot per Spark task)
+    stage: int = -1  # the barrier stage's Spark id (-1 in local mode): the driver finds its executors by it
 
     @property
     def partition(self) -> int:

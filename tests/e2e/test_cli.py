@@ -22,7 +22,8 @@ def test_help_documents_every_option():
     run = spark_dist("run", "--help")
     assert run.returncode == 0
     for option in ("--master", "--num-processes", "--backend", "--local-mode", "--use-gpu", "--max-retries",
-                   "--timeout", "--conf", "--properties-file", "--run-id", "--checkpoint-dir", "--layout", "script"):
+                   "--min-processes", "--timeout", "--conf", "--properties-file", "--run-id", "--checkpoint-dir",
+                   "--layout", "script"):
         assert option in run.stdout, option
     for code in ("0", "1", "2", "124"):
         assert f"\n  {code} " in run.stdout

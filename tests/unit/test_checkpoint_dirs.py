@@ -150,17 +150,17 @@ def test_a_default_whose_parent_is_not_private_is_refused(private_tmp, tmp_path,
 def test_a_default_name_is_fresh_per_run_and_stable_for_a_named_run():
     from spark_dist.task import checkpoint_dirs
     from spark_dist.config import RunConfig
-    from spark_dist.driver.distributor import _run_checkpoint_dir
+    from spark_dist.task.checkpoint_dirs import run_dir
 
     drawn = RunConfig.build(num_processes=1)
-    first, second = _run_checkpoint_dir(drawn), _run_checkpoint_dir(drawn)
+    first, second = run_dir(drawn), run_dir(drawn)
     assert first != second and first.startswith(f"{drawn.run_id}-") and not os.path.isabs(first)
     assert checkpoint_dirs.removed_after_success(drawn)
     named = RunConfig.build(num_processes=1, run_id="resume-me")
-    assert _run_checkpoint_dir(named) == _run_checkpoint_dir(named)  # run it again: it resumes
+    assert run_dir(named) == run_dir(named)  # run it again: it resumes
     assert not checkpoint_dirs.removed_after_success(named)  # kept to be resumed
     given = RunConfig.build(num_processes=1, checkpoint_dir="/no/such/mount")
-    assert _run_checkpoint_dir(given) == f"/no/such/mount/{given.run_id}"
+    assert run_dir(given) == f"/no/such/mount/{given.run_id}"
     assert not checkpoint_dirs.removed_after_success(given)
 
 
@@ -168,13 +168,13 @@ def test_a_default_name_is_fresh_per_run_and_stable_for_a_named_run():
 def test_the_driver_refuses_a_given_run_dir_it_sees_is_someone_elses(tmp_path):
     from spark_dist.config import RunConfig
     from spark_dist.errors import ConfigError
-    from spark_dist.driver.distributor import _run_checkpoint_dir
+    from spark_dist.task.checkpoint_dirs import run_dir
 
     config = RunConfig.build(num_processes=1, checkpoint_dir=str(tmp_path), run_id="theirs")
     (tmp_path / "theirs").mkdir()
     os.chown(tmp_path / "theirs", OTHER_UID, -1)
     with pytest.raises(ConfigError, match="owned by uid 65534.*spark.dist.checkpointDir.*use another run_id"):
-        _run_checkpoint_dir(config)
+        run_dir(config)
 
 
 # -- removal on each host, once the driver said the run succeeded --------------------------------------------

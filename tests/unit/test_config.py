@@ -109,3 +109,23 @@ def test_checkpoint_dir_is_a_root_each_run_writes_below():
         "/mnt/shared/ckpt"
     assert RunConfig.build(num_processes=1, spark_conf={"spark.dist.checkpointDir": "/dbfs/ckpt"}).checkpoint_dir \
         == "/dbfs/ckpt"
+
+
+@pytest.mark.parametrize("value", [0, 5, 1.5, True, "2"])
+def test_min_processes_is_a_count_up_to_num_processes(value):
+    with pytest.raises(ConfigError, match=r"min_processes must be an integer from 1 to num_processes \(4\)"):
+        Distributor(num_processes=4, min_processes=value)
+
+
+def test_min_processes_comes_from_its_conf_key_and_fills_whole_gpu_tasks():
+    from spark_dist.config import CONF_MIN_PROCESSES
+
+    assert RunConfig.build(num_processes=4, spark_conf={CONF_MIN_PROCESSES: "2"}).min_processes == 2
+    assert RunConfig.build(num_processes=4, min_processes=3, spark_conf={CONF_MIN_PROCESSES: "2"}).min_processes == 3
+    fixed = RunConfig.build(num_processes=4)
+    assert fixed.min_processes == 4 and not fixed.elastic
+    with pytest.raises(ConfigError, match="spark.dist.minProcesses must be an integer from 1 to num_processes"):
+        RunConfig.build(num_processes=4, spark_conf={CONF_MIN_PROCESSES: "two"})
+    with pytest.raises(RuntimeError, match=r"min_processes \(3\) must be a multiple of 'spark.task.resource.gpu"):
+        RunConfig.build(num_processes=4, min_processes=3, use_gpu=True,
+                        spark_conf={"spark.task.resource.gpu.amount": "2"})

@@ -307,7 +307,7 @@ def test_a_state_of_other_sharding_is_refused(small_dataset):
     assert (other_rank.epoch, other_rank.seed, len(list(other_rank))) == (3, 8, len(other_rank) - 2)
 
 
-def test_a_state_of_other_ranks_or_batch_size_resumes_at_an_epoch_boundary_only(small_dataset):
+def test_a_state_of_another_batch_size_resumes_at_an_epoch_boundary_only(small_dataset):
     from spark_dist.data import DatasetError
 
     def loader(world_size, batch_size=16, **kwargs):
@@ -323,9 +323,9 @@ def test_a_state_of_other_ranks_or_batch_size_resumes_at_an_epoch_boundary_only(
     one = loader(1)
     one.load_state_dict({**at_end, "batches": 0})
     assert batches_equal(list(one), list(loader(1, epoch=4)))
-    with pytest.raises(DatasetError, match="world_size=2 .* at batch 3 .*another number of ranks or batch size "
-                                           "resumes at an epoch's start or end"):
-        loader(1).load_state_dict({**at_end, "batches": 3})
+    with pytest.raises(DatasetError, match="batch_size=16 .* at batch 3 .*another batch size resumes at an "
+                                           "epoch's start or end"):
+        loader(1, batch_size=32).load_state_dict({**at_end, "batches": 3})
 
 
 def test_windows_to_read_are_those_the_batches_from_the_resume_point_need():

@@ -1,0 +1,154 @@
+"""spark_dist.driver.elastic: how many ranks an elastic run's next attempt gets, and what its history says.
+Spark's slot counts are given as plain functions here; tests/spark/test_two_hosts.py runs it on a cluster. No JVM."""
+import pytest
+
+from spark_dist.config import RunConfig
+from spark_dist.driver import elastic
+from spark_dist.errors import ConfigError, RankFailure
+
+
+def config(**kwargs):
+    return RunConfig.build(num_processes=4, min_processes=2, **kwargs)
+
+
+def lost(*ranks, host="10.213.0.3"):
+    return [RankFailure(r, host, "lost", "host went silent") for r in ranks]
+
+
+def test_a_retry_takes_every_rank_once_their_slots_are_free():
+    assert elastic.retry_size(config(), None, 4, lost(2, 3), wait=5, settle=5, free_slots=lambda: 4) == 4
+
+
+def test_a_retry_settles_for_the_slots_left_without_waiting_for_lost_executors(monkeypatch):
+    import time
+
+    monkeypatch.setattr(elastic, "_RECHECK_S", 0.01)
+    free = iter([0, 0, 1, 2])  # the failed attempt's own tasks end first; the lost host's never do
+    started = time.monotonic()
+    size = elastic.retry_size(config(), None, 4, lost(2, 3), wait=600, settle=5, still=0.1,
+                              free_slots=lambda: next(free, 2))
+    assert size == 2 and time.monotonic() - started < 2  # once the count stood still, not the whole settle
+
+
+def test_a_grow_waits_for_its_own_stopped_tasks_to_free_their_slots(monkeypatch):
+    monkeypatch.setattr(elastic, "_RECHECK_S", 0.01)
+    # The 2 missing ranks' slots were free; the stopped attempt's own 2 tasks end one after the other.
+    free = iter([2] * 20 + [3] * 20)
+    resized = [RankFailure(0, "h", "resized", "free slots for 2 more ranks: growing to 4")]
+    assert elastic.retry_size(config(), None, 2, resized, wait=600, settle=5, still=5,
+                              free_slots=lambda: next(free, 4)) == 4
+
+
+def test_a_retry_below_min_processes_waits_then_names_the_keys(monkeypatch):
+    monkeypatch.setattr(elastic, "_RECHECK_S", 0.01)
+    with pytest.raises(ConfigError, match=r"slots for 1 ranks, fewer than min_processes=2 \(spark.dist.minProcesses\)"
+                                          r", after waiting 0.05s \(spark.dist.retrySlotWaitTimeout\)"):
+        elastic.retry_size(config(), None, 4, lost(1, 2, 3), wait=0.05, settle=0, free_slots=lambda: 1)
+
+
+def test_sizes_are_whole_multi_gpu_tasks():
+    gpus = RunConfig.build(num_processes=8, min_processes=4, use_gpu=True,
+                           spark_conf={"spark.task.resource.gpu.amount": "2"})
+    assert elastic.retry_size(gpus, None, 8, lost(6, 7), wait=1, settle=0, free_slots=lambda: 3) == 6
+
+
+def test_under_spark_connect_a_retry_leaves_out_the_ranks_lost():
+    # No count of free slots: the last attempt's size without its lost ranks, never below min_processes.
+    assert elastic.retry_size(config(), None, 4, lost(2, 3), 5, 5, free_slots=lambda: None) == 2
+    assert elastic.retry_size(config(), None, 4, lost(1, 2, 3), 5, 5, free_slots=lambda: None) == 2
+    raised = [RankFailure(1, "h", "exception", "ValueError")]
+    assert elastic.retry_size(config(), None, 2, raised, 5, 5, free_slots=lambda: None) == 4
+
+
+def test_the_history_names_each_size_and_why():
+    c = config()
+    assert elastic.resize_record(RunConfig.build(num_processes=4), 0, 4, 0, []) is None  # fixed size: nothing
+    assert elastic.resize_record(c, 0, 4, 0, [])["reason"] == "start"
+    shrunk = elastic.resize_record(c, 1, 2, 4, lost(2, 3))
+    assert (shrunk["event"], shrunk["world_size"], shrunk["reason"], shrunk["rank"]) == (
+        "resize", 2, "lost 10.213.0.3", None)
+    grown = elastic.resize_record(c, 2, 4, 2, [RankFailure(0, "h", "resized", "free slots for 2 more ranks")])
+    assert grown["reason"] == "free slots for 2 more ranks" and grown["attempt"] == 2
+    assert elastic.resize_record(c, 3, 4, 4, lost(1)) is None  # a retry at the same size
+
+
+# -- an elastic run's rank 0 stops at a checkpoint when the driver asks it to resize ---------------------------
+class _AskingReporter:
+    """The rank's channel to the driver, with the driver's ``resize`` key set (or not)."""
+
+    def __init__(self, reason):
+        self.reason, self.records = reason, []
+
+    def __call__(self, record):
+        self.records.append(record)
+
+    def resize_reason(self):
+        return self.reason
+
+
+def test_rank_0_stops_once_its_checkpoint_is_written_when_the_driver_asks(tmp_path):
+    from spark_dist.context import CHECKPOINT_FILE, TrainContext
+    from spark_dist.errors import RunResized
+
+    def ctx(rank, reason, watched=True):
+        return TrainContext(rank=rank, local_rank=rank, world_size=2, local_world_size=2, node_rank=0, attempt=1,
+                            run_id="r", host="h", checkpoint_dir=str(tmp_path), _reporter=_AskingReporter(reason),
+                            initial_world_size=4, previous_world_size=4, _watch_resize=watched)
+
+    with pytest.raises(RunResized, match="free slots for 2 more ranks"):
+        ctx(0, "free slots for 2 more ranks").save_checkpoint({"step": 7})
+    assert (tmp_path / CHECKPOINT_FILE).exists()  # written first: the next attempt resumes from it
+    assert ctx(0, "free slots for 2 more ranks").load_checkpoint() == {"step": 7}
+    ctx(1, "free slots for 2 more ranks").save_checkpoint({"step": 8})  # other ranks go on (rank 0 decides)
+    ctx(0, None).save_checkpoint({"step": 9})  # nothing asked
+    ctx(0, "asked", watched=False).save_checkpoint({"step": 10})  # local mode: the driver never asks
+    resumed = ctx(0, None)
+    assert resumed.resized and resumed.world_size / resumed.initial_world_size == 0.5
+    assert not resumed.preempted
+    assert not TrainContext(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, attempt=0,
+                            run_id="r", host="h").resized
+
+
+def test_every_rank_learns_of_a_preemption_and_rank_0_stops_at_its_next_checkpoint(tmp_path):
+    import threading
+
+    from spark_dist.context import TrainContext
+    from spark_dist.errors import RunResized
+
+    reporter = _AskingReporter(None)
+    ranks = [TrainContext(rank=r, local_rank=r, world_size=2, local_world_size=2, node_rank=0, attempt=0, run_id="r",
+                          host="h", checkpoint_dir=str(tmp_path), _reporter=reporter, _watch_resize=True)
+             for r in range(2)]
+    heard, called = [], threading.Event()
+    ranks[1].on_preemption(lambda why: (heard.append(why), called.set()), every=0.01)
+    assert not ranks[1].preempted
+    reporter.reason = "preempted: executor 1 on 10.213.0.3 being decommissioned"
+    assert called.wait(5) and heard == ["executor 1 on 10.213.0.3 being decommissioned"]
+    assert ranks[0].preempted and ranks[1].preempted
+    with pytest.raises(RunResized, match="^preempted: executor 1"):
+        ranks[0].save_checkpoint({"step": 3})
+    elastic_config = config()
+    record = elastic.resize_record(elastic_config, 1, 4, 4, [RankFailure(0, "h", "resized", reporter.reason)])
+    assert (record["event"], record["world_size"]) == ("preempted", 4)  # a restart at full size is recorded too
+    fixed = elastic.resize_record(RunConfig.build(num_processes=2), 1, 2, 2,
+                                  [RankFailure(0, "h", "resized", reporter.reason)])
+    assert fixed["event"] == "preempted"  # any run's preemption, elastic or not
+
+
+def test_a_grow_waits_for_a_checkpoint_whose_epoch_deals_out_evenly_a_preemption_does_not(tmp_path):
+    from spark_dist.context import TrainContext
+    from spark_dist.errors import RunResized
+
+    def ctx(reason):
+        return TrainContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, attempt=1,
+                            run_id="r", host="h", checkpoint_dir=str(tmp_path), _reporter=_AskingReporter(reason),
+                            initial_world_size=2, previous_world_size=2, _watch_resize=True)
+
+    # Rank 0 on 1 of 2 ranks, 3 batches into an epoch of 16 (64 rows, batches of 4): 13 left would not deal out
+    # evenly to 2 ranks, 12 would.
+    at = {"epoch": 0, "batches": 3, "world_size": 1, "num_rows": 64, "batch_size": 4, "drop_last": True}
+    ctx("free slots for 1 more rank: growing to 2").save_checkpoint({"loader": at})
+    with pytest.raises(RunResized, match="growing"):
+        ctx("free slots for 1 more rank: growing to 2").save_checkpoint({"loader": {**at, "batches": 4}})
+    with pytest.raises(RunResized, match="^preempted"):
+        ctx("preempted: executor 1 on h being decommissioned").save_checkpoint({"loader": at})
