@@ -22,7 +22,8 @@ test:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@bash scripts/test_lines.sh $(LINES)
 
-BENCHES := launch connect data scaling steady horovod ml history recovery rendezvous images inference checkpoints
+BENCHES := launch connect data scaling steady horovod ml history recovery rendezvous images inference checkpoints \
+  elastic tune
 bench:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@for line in $(LINES); do for b in $(BENCHES); do \

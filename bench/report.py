@@ -254,6 +254,13 @@ GOALS = [
      / (d["own_shard_bytes"] + d["bucket_bytes"]), lambda v: v <= 1, lambda v: f"{v:.2f} of it"),
     ("rendezvous", "Rendezvous of 1,024 simulated tasks <= 2 s (no Spark)",
      lambda d: rendezvous(d, 1024)["median_seconds"], lambda v: v <= 2, lambda v: f"{v:.2f} s"),
+    ("elastic", "A host lost: an elastic run training again / a fixed-size retry, host back after 60 s <= 0.3x",
+     lambda d: d["ratio"], lambda v: v <= 0.3, lambda v: f"{v:.2f}x"),
+    ("tune", "Tuning, 16 trials on 2 slots: slots busy >= 80% of the wall time (the lower of 1- and 2-rank trials)",
+     lambda d: min(d["ways"][w]["slots_busy"] for w in ("tune_1rank", "tune_2rank")), lambda v: v >= 0.8,
+     lambda v: f"{v:.0%}"),
+    ("tune", "Tuning, 1-rank trials: wall time / MLflow's `MlflowSparkStudy` <= 1x",
+     lambda d: d["wall_ratios"]["tune/mlflow"], lambda v: v <= 1, lambda v: f"{v:.2f}x"),
 ]
 
 
@@ -400,6 +407,42 @@ def images_section(figures):
     return per_line(images_rows(), figures)
 
 
+TUNE_WAYS = (("tune_1rank", "**spark_dist.tune**, 1-rank trials"), ("mlflow", "`MlflowSparkStudy`, `n_jobs=2`"),
+             ("sequential_1rank", "sequential (`max_concurrent=1`), 1-rank trials"),
+             ("tune_2rank", "**spark_dist.tune**, 2-rank trials"),
+             ("sequential_2rank", "sequential (`max_concurrent=1`), 2-rank trials"))
+
+
+def tune_section(figures):
+    out = []
+    for line, d in figures.items():
+        out += [f"**Spark {line}** ({d['config']['trials']} trials of {d['config']['epochs']} epochs a way)", "",
+                "| way | trials at once | wall | complete / pruned / failed | trial-epochs run / unpruned (saved) "
+                "| median trial; to its training | slots busy; training |", "|---|---:|---:|---|---|---:|---:|"]
+        for way, label in TUNE_WAYS:
+            w = d["ways"].get(way)
+            if not w:
+                continue
+            try:
+                out.append(f"| {label} | {w['peak_trials_at_once']} | {seconds(w['wall_s'])} | {w['complete']} / "
+                           f"{w['pruned']} / {w['failed']} | {w['trial_epochs']} / {w['trial_epochs_unpruned']} "
+                           f"({w['epochs_saved']:.0%}) | {seconds(w['trial_seconds_median'])}; "
+                           f"{seconds(w['start_to_training_median_s'])} | {w['slots_busy']:.0%}; "
+                           f"{w['slots_training']:.0%} |")
+            except (KeyError, TypeError, ValueError):
+                out.append(f"| {label} | " + " | ".join(["n/a"] * 6) + " |")
+        out.append("")
+    return out + per_line([
+        ("**wall: spark_dist.tune / `MlflowSparkStudy`, 1-rank trials**",
+         lambda d: f"**{d['wall_ratios']['tune/mlflow']:.2f}x**"),
+        ("wall: spark_dist.tune / sequential, 1-rank trials",
+         lambda d: f"{d['wall_ratios']['tune/sequential, 1 rank']:.2f}x"),
+        ("wall: spark_dist.tune / sequential, 2-rank trials (1 at a time on 2 slots either way)",
+         lambda d: f"{d['wall_ratios']['tune/sequential, 2 ranks']:.2f}x"),
+        ("load average of the machine before / after the run", lambda d: "{:.1f} / {:.1f}".format(*d["load_average"])),
+    ], figures)
+
+
 def checkpoints_rows():
     def mib(value):
         return f"{value / 2 ** 20:,.0f}"
@@ -466,6 +509,18 @@ def rendezvous_section(figures):
                 f"{s['requests_per_second']:,.0f} |" for s in d["sizes"]]
         out.append("")
     return out[:-1]
+
+
+def elastic_section(figures):
+    figures = {line: d for line, d in figures.items() if "skipped" not in d}
+    return per_line([
+        ("elastic (`min_processes=2`): from the loss to training again on the 2 ranks left",
+         lambda d: seconds(d["elastic"]["seconds_to_training_again"])),
+        ("fixed size (`max_retries=1`): from the loss to training again on 4 ranks, the host back after "
+         "60 s", lambda d: seconds(d["fixed"]["seconds_to_training_again"])),
+        ("**elastic / fixed**", lambda d: f"**{d['ratio']:.2f}x**"),
+        ("load average of the machine before / after the run", lambda d: "{:.1f} / {:.1f}".format(*d["load_average"])),
+    ], figures)
 
 
 def recovery_section(figures):
@@ -571,6 +626,24 @@ SECTIONS = [
         "Goals (#42): >= 1.5x PySpark's on the MLP and the CNN, never slower on the encoder. Where the predict "
         "function is most of the work (the CNN's JPEG decoding, the encoder), neither UDF can go much past it: "
         "the forward share shows how much room is left."], inference_section),
+    ("tune", "Hyperparameter search: spark_dist.tune against MLflow's MlflowSparkStudy", [
+        "The standalone cluster (2 slots), one objective, 16 trials a way: an MLP 32-h-h-1 (h and the SGD learning "
+        "rate sampled by `RandomSampler(seed=0)`) trained 6 epochs on 16,000 in-memory rows made from a fixed seed, "
+        "one torch thread a process, its validation loss reported every epoch to a "
+        "`MedianPruner(n_startup_trials=2, n_warmup_steps=1)`; each study in Optuna storage (SQLite; "
+        "`MlflowStorage` in an MLflow SQLite store for MLflow's). spark_dist: `optimize(study, objective, 16, "
+        "num_processes=k, metric=\"val_loss\")`, rank 0 reporting with `ctx.report`, 2-rank trials with DDP over "
+        "gloo; as many trials at once as the slots allow, or one (`max_concurrent=1`, sequential). "
+        "`MlflowSparkStudy.optimize(objective, 16, n_jobs=2)`: two Spark tasks, each running its 8 trials one "
+        "after another, `trial.report` in the loop (its tasks reseed the sampler, so its parameters differ). "
+        "Both kinds of Spark work run once before the timing.",
+        "Wall: the `optimize` call. Slots busy: the trials' durations (`datetime_start` to `datetime_complete` in "
+        "the study) times their ranks, over the wall time times the 2 slots; trials at once: the most seen "
+        "overlapping; slots training: the same from each trial's training start (rank 0 writes the time to a file) "
+        "to its end, leaving out its launch and any wait for slots (median trial: the time from the trial's start "
+        "to its training's). 2-rank trials fill both slots, so \"concurrent\" runs them one at a time too. "
+        "Goals (#43): slots busy >= 80%; the trial-epochs pruning saved, reported; 1-rank wall time at or below "
+        "`MlflowSparkStudy`'s."], tune_section),
     ("checkpoints", "Checkpoints of a model sharded over the ranks", [
         "Two CPU ranks over gloo (processes with the `TrainContext` a run gives; the saves are those of a run), "
         "6 Linear(4096, 4096) layers (100.7M parameters) sharded with FSDP2's `fully_shard`, Adam; after a "
@@ -587,6 +660,15 @@ SECTIONS = [
         "simulated tasks (a thread and a store client each, over 8 host names). Time from the tasks' release to "
         "the last task holding its assignment (median of 3), and the store requests each side made.",
         "Goal (#38): <= 2 s for 1,024 tasks, requests growing linearly with n."], rendezvous_section),
+    ("elastic", "A lost host: elastic runs against a fixed-size retry", [
+        "The two-host cluster of the tests (a standalone worker of 2 cores in each of two network namespaces, "
+        "`tests/two_hosts.py`; root only), 4 ranks, 2 on each host, an all-reduce and a rank-0 checkpoint a "
+        "step; 3 steps in, host 10.213.0.3 goes off the network. Elastic: `min_processes=2`, the run goes on "
+        "with the 2 ranks of the host left. Fixed: the same run at a fixed size with `max_retries=1`, its retry "
+        "waiting for the host, which comes back 60 s after it went. The figure: from the loss to the next "
+        "attempt's first step (a rank's report); a fresh cluster for each way. Both include the "
+        "`spark.dist.hostLostTimeout` of 10 s it takes to name the host.",
+        "Goal (#44): elastic <= 0.3x fixed."], elastic_section),
     ("recovery", "Failure detection and recovery", [
         "The standalone cluster, 2 ranks; rank 1 fails 0.5 s into the run while rank 0 blocks in an all-reduce. "
         "Detection: from the failure to `TrainingFailedError` on the driver (median of 3); recovery: a run whose "
