@@ -152,3 +152,15 @@ def test_a_grow_waits_for_a_checkpoint_whose_epoch_deals_out_evenly_a_preemption
         ctx("free slots for 1 more rank: growing to 2").save_checkpoint({"loader": {**at, "batches": 4}})
     with pytest.raises(RunResized, match="^preempted"):
         ctx("preempted: executor 1 on h being decommissioned").save_checkpoint({"loader": at})
+
+
+def test_a_run_preempted_past_its_budget_fails_naming_the_key_and_the_last_executor():
+    from spark_dist.errors import TrainingFailedError
+
+    last = RankFailure(0, "10.213.0.3", "resized", "preempted: executor 7 on 10.213.0.3 being decommissioned")
+    budget = RunConfig.build(num_processes=2, spark_conf={"spark.dist.maxPreemptions": "3"})
+    error = TrainingFailedError([elastic.too_many_preemptions(budget, [last])], 5, "r")
+    assert (error.rank, error.host, error.first.kind) == (0, "10.213.0.3", "lost")
+    assert "preempted more than spark.dist.maxPreemptions=3 times; the last: executor 7 on 10.213.0.3" in str(error)
+    with pytest.raises(ConfigError, match="spark.dist.maxPreemptions='many' is not a count"):
+        RunConfig.build(num_processes=2, spark_conf={"spark.dist.maxPreemptions": "many"})

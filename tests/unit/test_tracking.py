@@ -19,3 +19,21 @@ def test_mlflow_is_imported_only_where_it_can_be_in_use(tmp_path, tracking_uri, 
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, check=True, capture_output=True,
                          text=True).stdout.split()
     assert out == [str(imported), str(imported)]
+
+
+def test_an_elastic_runs_world_size_is_a_metric_over_its_attempts(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    from spark_dist.driver.tracking import Tracker
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        tracker = Tracker("elastic-run", {"num_processes": 4, "min_processes": 2})
+        run_id = mlflow.active_run().info.run_id
+        for attempt, size in enumerate((4, 2, 4)):  # lost a host, then grew back
+            tracker.world_size(attempt, size)
+        tracker.end()
+        history = mlflow.MlflowClient().get_metric_history(run_id, "world_size")
+        assert [(m.step, m.value) for m in history] == [(0, 4.0), (1, 2.0), (2, 4.0)]
+        assert mlflow.get_run(run_id).data.params["min_processes"] == "2"
+    finally:
+        mlflow.set_tracking_uri("")  # back to "not set": later tests log nothing
