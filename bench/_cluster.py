@@ -1,5 +1,6 @@
 """A warm SparkSession on a 2-worker standalone cluster on loopback, for benchmarks (reuses tests/clusters.py)."""
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -39,3 +40,11 @@ def median(values):
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def save(path, figures) -> None:
+    """A benchmark's figures as JSON at ``path`` (its ``--out``; nothing without one), as bench/report.py reads
+    them."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(figures, f, indent=2)

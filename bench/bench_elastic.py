@@ -11,18 +11,14 @@ The figure for each is the time from the host's loss to the first step of the ne
 a fresh cluster for each way. Goal (#44): elastic <= 0.3x fixed.
 """
 import argparse
-import json
 import os
-import sys
 import tempfile
 import threading
 import time
 
-os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-os.environ["PYSPARK_PYTHON"] = sys.executable
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from _cluster import save  # sets the loopback address and puts tests/ on the path
 
-import two_hosts  # noqa: E402
+import two_hosts  # noqa: E402 -- from tests/
 from clusters import install_gpu_script  # noqa: E402
 
 HOST_BACK_AFTER_S = 60.0
@@ -96,9 +92,7 @@ def main():
     reason = two_hosts.available()
     if reason:  # recorded, so that `make bench` goes on and the page says why the figure is missing
         print(f"bench_elastic skipped: two hosts in network namespaces: {reason}")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"skipped": reason}, f)
+        save(args.out, {"skipped": reason})
         return
     load_before = os.getloadavg()[0]
     figures = {}
@@ -110,9 +104,7 @@ def main():
     figures["host_back_after_s"] = HOST_BACK_AFTER_S
     figures["load_average"] = [load_before, os.getloadavg()[0]]
     print(f"elastic / fixed: {figures['ratio']:.2f}x")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(figures, f, indent=2)
+    save(args.out, figures)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@
 - timeout: how far past ``timeout`` the RunTimeoutError (with every rank's stack) arrives.
 """
 import argparse
-import json
 import os
 import signal
 import tempfile
 import time
 
-from _cluster import median, standalone_session
+from _cluster import median, save, standalone_session
 
 
 def fail_at_half_second(how, stamp_dir):
@@ -74,9 +73,7 @@ def main():
     print("| measure | seconds |\n|---|---|")
     for name, value in figures.items():
         print(f"| {name} | {value:.2f} |")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(figures, f, indent=2)
+    save(args.out, figures)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ wall time of ``tune_1rank`` at or below MlflowSparkStudy's. Optuna reseeds the s
 parameters.
 """
 import argparse
-import json
 import math
 import os
 import platform
 import tempfile
 import time
 
-from _cluster import median, standalone_session
+from _cluster import median, save, standalone_session
 
 ROWS, FEATURES, BATCH = 16000, 32, 64
 SLOTS = 2
@@ -269,9 +268,7 @@ def main():
               "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "torch": torch.__version__},
               "ways": ways, "wall_ratios": ratios, "seconds": time.perf_counter() - t_start,
               "load_average": [load_before, os.getloadavg()[0]]}  # other work on the machine skews the seconds
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
+    save(args.out, report)
     print("| way | ranks | trials at once | wall | complete / pruned / failed | trial-epochs run / unpruned "
           "(saved) | slots busy; training |\n|---|---:|---:|---:|---|---|---:|")
     for name, w in ways.items():

@@ -48,10 +48,14 @@ class TrainContext:
         (:class:`~spark_dist.errors.RunResized`) and the run goes on in a new attempt, on the executors left
         or new ones. Read from the driver at each access (one store lookup); ``False`` in local mode and
         under Spark Connect, where the driver cannot see decommissions."""
+        return self._preemption() is not None
+
+    def _preemption(self) -> Optional[str]:
+        """Why the driver said this run is being preempted (the executors), else ``None``."""
         if not self._watch_resize or self._reporter is None:
-            return False
+            return None
         reason = self._reporter.resize_reason()
-        return reason is not None and reason.startswith(PREEMPTED)
+        return reason[len(PREEMPTED):] if reason is not None and reason.startswith(PREEMPTED) else None
 
     def on_preemption(self, callback, every: float = 1.0) -> None:
         """Call ``callback(reason)`` once, from a background thread, when :attr:`preempted` becomes true (checked
@@ -60,12 +64,9 @@ class TrainContext:
         import threading
 
         def watch():
-            while True:
-                reason = self._reporter.resize_reason()
-                if reason is not None and reason.startswith(PREEMPTED):
-                    callback(reason[len(PREEMPTED):])
-                    return
+            while (reason := self._preemption()) is None:
                 time.sleep(every)
+            callback(reason)
 
         if self._watch_resize and self._reporter is not None:
             threading.Thread(target=watch, name="spark_dist-preemption", daemon=True).start()

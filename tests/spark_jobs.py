@@ -1,4 +1,5 @@
-"""What the tests ask a classic session about its Spark jobs."""
+"""What the tests ask a classic session about its Spark jobs, and how they interrupt one."""
+import threading
 import time
 
 
@@ -14,3 +15,18 @@ def jobs_started(spark):
             return count
         count = again
     return count
+
+
+def interrupt_main_when(directory, pattern, count, timeout):
+    """From a thread: Ctrl-C on the test's main thread (what a terminal or a notebook's interrupt does) once
+    ``count`` files matching ``pattern`` are in ``directory`` (each rank writes one when it runs), or after
+    ``timeout`` seconds."""
+    import _thread
+
+    def interrupt():
+        deadline = time.monotonic() + timeout
+        while len(list(directory.glob(pattern))) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()

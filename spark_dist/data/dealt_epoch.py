@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterator, List, Tuple
 
+from .epoch_order import batches_per_rank
+
 
 def steps(units: int, position: int, world_size: int, drop_last: bool) -> int:
     """The steps every one of ``world_size`` ranks takes to deal units ``[position, units)``."""
@@ -29,9 +31,9 @@ def my_units(units: int, position: int, world_size: int, rank: int, drop_last: b
             for i in range(steps(units, position, world_size, drop_last))]
 
 
-def dealt_batches(loader, epoch: int, origin_world: int, position: int) -> Iterator[Tuple[Dict, int]]:
+def dealt_batches(loader, epoch: int, origin_world: int, position: int, units: int) -> Iterator[Tuple[Dict, int]]:
     """This rank's batches of the rest of ``epoch``, which ``origin_world`` ranks had taken ``position`` units
-    of: ``(batch, step)`` pairs, each batch as old rank ``q % n``'s loader yields batch ``q // n``. ``loader``
+    of ``units``: ``(batch, step)`` pairs, each batch as old rank ``q % n``'s loader yields batch ``q // n``. ``loader``
     is the rank's ``ShardLoader``; one loader per old rank whose batches this rank takes reads them, each
     from its first such batch on, skipping the others' batches between (a resize is rare: reading a few
     batches twice is its price)."""
@@ -45,8 +47,6 @@ def dealt_batches(loader, epoch: int, origin_world: int, position: int) -> Itera
         old._resume_at = (epoch, first)
         return iter(old), first
 
-    units = origin_world * batches_per_rank(loader.handle.num_rows, origin_world, loader.batch_size,
-                                            loader.drop_last)
     readers: Dict[int, Tuple[Iterator, int]] = {}
     try:
         for step, q in enumerate(my_units(units, position, loader.world_size, loader.rank, loader.drop_last)):
@@ -65,21 +65,29 @@ def dealt_batches(loader, epoch: int, origin_world: int, position: int) -> Itera
             it.close()
 
 
-def batches_per_rank(num_rows: int, world_size: int, batch_size: int, drop_last: bool) -> int:
-    """The batches each of ``world_size`` ranks yields in an epoch of ``num_rows`` rows (the loader's rule)."""
-    rows = num_rows // world_size if drop_last else -(-num_rows // world_size)
-    return rows // batch_size if drop_last else -(-rows // batch_size)
+def epoch_units(num_rows: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """The units (batches in step order) of an epoch of ``world_size`` ranks."""
+    return world_size * batches_per_rank(num_rows, world_size, batch_size, drop_last)
+
+
+def place(state: Dict) -> Tuple[int, int]:
+    """``(origin world size, position)`` of a loader's ``state`` (``state_dict()``): the world size whose units
+    its epoch is counted in, and the units taken (a state of a whole-world epoch: its batches times its ranks)."""
+    origin = state.get("origin")
+    if origin:
+        return int(origin["world_size"]), int(origin["position"])
+    world = int(state["world_size"])
+    return world, int(state["batches"]) * world
 
 
 def iterate(loader, epoch: int, origin_world: int, position: int) -> Iterator[Dict]:
     """``loader``'s iteration of a dealt epoch: its batches, with the loader's place (``_at``, ``_dealt``), counts
     and progress kept as its own iteration keeps them, so that ``state_dict`` names the position reached."""
     loader._dealt = (epoch, origin_world, position)
-    units = origin_world * batches_per_rank(loader.handle.num_rows, origin_world, loader.batch_size,
-                                            loader.drop_last)
+    units = epoch_units(loader.handle.num_rows, origin_world, loader.batch_size, loader.drop_last)
     total = steps(units, position, loader.world_size, loader.drop_last)
     loader._at = (epoch, 0)
-    for batch, step in dealt_batches(loader, epoch, origin_world, position):
+    for batch, step in dealt_batches(loader, epoch, origin_world, position, units):
         loader.batches += 1
         loader.rows += len(next(iter(batch.values())))
         loader._at = (epoch, step + 1)
@@ -92,11 +100,9 @@ def deals_evenly(state: Dict, world_size: int) -> bool:
     """Whether the rest of the epoch that a loader's ``state`` (``state_dict()``) is in divides evenly among
     ``world_size`` ranks: resuming there on that many ranks leaves no batch out and repeats none. An elastic
     run grows back at such a checkpoint."""
-    origin = state.get("origin") or {"world_size": state["world_size"],
-                                     "position": int(state["batches"]) * int(state["world_size"])}
-    n = int(origin["world_size"])
-    units = n * batches_per_rank(int(state["num_rows"]), n, int(state["batch_size"]), bool(state["drop_last"]))
-    return (units - int(origin["position"])) % world_size == 0
+    n, position = place(state)
+    units = epoch_units(int(state["num_rows"]), n, int(state["batch_size"]), bool(state["drop_last"]))
+    return (units - position) % world_size == 0
 
 
 def loader_states(obj) -> List[Dict]:

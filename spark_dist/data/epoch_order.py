@@ -12,6 +12,18 @@ import numpy as np
 BLOCK_ROWS = 256  # unit of the order inside a row group: runs of rows copy at memcpy speed
 
 
+def rows_per_rank(num_rows: int, world_size: int, drop_last: bool) -> int:
+    """The rows each of ``world_size`` ranks takes in an epoch: ``num_rows // world_size`` with ``drop_last``,
+    else rounded up (the last ranks wrap around to the start of the epoch order)."""
+    return num_rows // world_size if drop_last else -(-num_rows // world_size)
+
+
+def batches_per_rank(num_rows: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """The batches each of ``world_size`` ranks yields in an epoch (the last one partial without ``drop_last``)."""
+    rows = rows_per_rank(num_rows, world_size, drop_last)
+    return rows // batch_size if drop_last else -(-rows // batch_size)
+
+
 def shard_pieces(row_group_rows: Sequence[int], *, world_size: int, rank: int, epoch: int, seed: int,
                  shuffle: bool, drop_last: bool) -> Tuple[List[Tuple[int, int, int]], int]:
     """This rank's rows in one epoch, as ``(row_group, start, stop)`` positions in each row group's epoch order.
@@ -23,7 +35,7 @@ def shard_pieces(row_group_rows: Sequence[int], *, world_size: int, rank: int, e
     """
     sizes = np.asarray(row_group_rows, dtype=np.int64)
     total = int(sizes.sum())
-    per_rank = total // world_size if drop_last else -(-total // world_size)
+    per_rank = rows_per_rank(total, world_size, drop_last)
     if total == 0 or per_rank == 0:
         return [], 0
     order = (np.random.default_rng([seed, epoch, 0]).permutation(len(sizes)) if shuffle

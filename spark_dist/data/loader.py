@@ -20,7 +20,6 @@ them. A loader's place in its epochs: :mod:`.loader_state` (dealt out to another
 :mod:`.dealt_epoch`); a user's transform: :mod:`.transformed_loader`.
 """
 import contextlib
-import math
 import queue
 import threading
 import time
@@ -32,7 +31,7 @@ import numpy as np
 from . import dealt_epoch, variable_size
 from .arrays import list_values, nested_values, numpy_dtype, rows_view, to_numpy
 from .column_options import ColumnOptions, check_sizes, resolve
-from .epoch_order import block_runs, merged, shard_pieces
+from .epoch_order import batches_per_rank, block_runs, merged, rows_per_rank, shard_pieces
 from .handle import NESTED, NUMBER_KINDS, SCALAR, DatasetError, DatasetHandle, open_parquet
 from .loader_state import Resumable, windows_to_read
 from .transformed_loader import TransformedLoader, check_transform
@@ -81,12 +80,10 @@ class ShardLoader(Resumable):
 
     @property
     def rows_per_rank(self) -> int:
-        n = self.handle.num_rows
-        return n // self.world_size if self.drop_last else -(-n // self.world_size)
+        return rows_per_rank(self.handle.num_rows, self.world_size, self.drop_last)
 
     def __len__(self) -> int:
-        n = self.rows_per_rank
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return batches_per_rank(self.handle.num_rows, self.world_size, self.batch_size, self.drop_last)
 
     # -- the background thread's side ------------------------------------------------------------------
     def _decode(self, group: int):

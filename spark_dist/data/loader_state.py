@@ -36,8 +36,7 @@ def state_of(loader, epoch: int, batches) -> Dict:
         origin, position = dealt[1], dealt[2] + loader.world_size * int(batches)
     else:
         return state
-    units = origin * dealt_epoch.batches_per_rank(loader.handle.num_rows, origin, loader.batch_size,
-                                                  loader.drop_last)
+    units = dealt_epoch.epoch_units(loader.handle.num_rows, origin, loader.batch_size, loader.drop_last)
     start = position - loader.world_size * state["batches"]
     state.update(origin={"world_size": origin, "position": position},
                  epoch_batches=dealt_epoch.steps(units, start, loader.world_size, loader.drop_last))
@@ -73,9 +72,7 @@ def checked_state(loader, state: Dict) -> Tuple[int, Union[int, Tuple[int, int]]
                            f"{state['batches']} of an epoch; a place inside an epoch resumes only the same rows, "
                            "batch size and drop_last (another batch size resumes at an epoch's start or end: save "
                            "the checkpoint there to change it)", loader.handle.name)
-    origin = state.get("origin") or {"world_size": int(state.get("world_size", loader.world_size)),
-                                     "position": batches * int(state.get("world_size", loader.world_size))}
-    n, position = int(origin["world_size"]), int(origin["position"])
+    n, position = dealt_epoch.place({"world_size": loader.world_size, **state})
     if n == loader.world_size and position % n == 0:
         batches = position // n
         if not 0 <= batches <= len(loader):

@@ -24,7 +24,6 @@ from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedEr
 from .attempt import Attempt, Sizes
 from .outcome import worth_retrying
 from .job_bytes import pickle_job
-from ..wire.protocol import PREEMPTED
 
 log = logging.getLogger("spark_dist")
 _GROW_SETTLE_S = 30.0
@@ -198,8 +197,9 @@ class Distributor:
             if outcome.timed_out:
                 raise RunTimeoutError(ended, attempt + 1, config.run_id)
             backend = get_backend(config.backend, config)
-            if any(f.kind == "resized" for f in ended):
-                preemptions += any(f.kind == "resized" and f.message.startswith(PREEMPTED) for f in ended)
+            stop = elastic.stop_of(ended)
+            if stop is not None:
+                preemptions += elastic.is_preemption(stop)
                 if preemptions > config.max_preemptions:
                     raise TrainingFailedError([elastic.too_many_preemptions(config, ended)], attempt + 1,
                                               config.run_id)
@@ -220,9 +220,11 @@ class Distributor:
         try:
             # After a resize to grow, the stopped attempt's own tasks free their slots within seconds: give them
             # that long before settling for fewer ranks; after lost ranks, the hosts left free theirs at once.
-            grow = any(f.kind == "resized" and not f.message.startswith(PREEMPTED) for f in failures)
+            stop = elastic.stop_of(failures)
+            grow = stop is not None and not elastic.is_preemption(stop)
             settle = min(wait, _GROW_SETTLE_S) if grow else config.abort_grace_period
-            return elastic.retry_size(config, spark, previous_size, failures, wait, settle, settle if grow else 2.0)
+            return elastic.retry_size(config, spark, previous_size, failures, wait, settle,
+                                      settle if grow else elastic.STILL_S)
         except ConfigError as exc:
             raise ConfigError(f"run {config.run_id} could not be retried: {exc}; attempt {attempt - 1} had "
                               f"failed: {root_cause(failures).headline()}") from TrainingFailedError(

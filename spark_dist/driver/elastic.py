@@ -27,6 +27,17 @@ from ..wire.protocol import PREEMPTED
 from ..wire.ranks import TaskInfo
 
 _RECHECK_S = 0.25
+STILL_S = 2.0  # a free-slot count that stood still this long has settled (the failed attempt's tasks ended)
+
+
+def stop_of(failures: List[RankFailure]) -> Optional[RankFailure]:
+    """Rank 0's stop at a checkpoint (a ``"resized"`` record) among an attempt's failures, else ``None``."""
+    return next((f for f in failures if f.kind == "resized"), None)
+
+
+def is_preemption(stop: Optional[RankFailure]) -> bool:
+    """Whether rank 0 stopped because an executor under a rank is being decommissioned (not for a grow)."""
+    return stop is not None and stop.message.startswith(PREEMPTED)
 
 
 def ranks_lost(failures: List[RankFailure]) -> int:
@@ -37,7 +48,7 @@ def ranks_lost(failures: List[RankFailure]) -> int:
 
 
 def retry_size(config: RunConfig, spark, previous_size: int, failures: List[RankFailure], wait: float,
-               settle: float, still: float = 2.0, free_slots: Optional[Callable[[], Optional[int]]] = None) -> int:
+               settle: float, still: float = STILL_S, free_slots: Optional[Callable[[], Optional[int]]] = None) -> int:
     """The ranks of the next attempt of an elastic run: ``num_processes`` when their slots are free, else as many
     as are free if at least ``min_processes``, once the count has settled (stood still for ``still`` seconds, or
     ``settle`` seconds passed), waiting up to ``wait`` seconds for that.
@@ -134,8 +145,8 @@ def resize_record(config: RunConfig, attempt: int, size: int, previous_size: int
     """The history record of an elastic run's size at its start and at each change, and of any run's restart
     after a preemption (``event`` ``"resize"`` or ``"preempted"``, ``world_size``, ``reason``; ``rank`` ``None``:
     the driver's); ``None`` for an attempt of a fixed-size run or of the same size as the last."""
-    resized = next((f for f in failures if f.kind == "resized"), None)
-    preempted = resized is not None and resized.message.startswith(PREEMPTED)
+    resized = stop_of(failures)
+    preempted = is_preemption(resized)
     if not preempted and (not config.elastic or (attempt and size == previous_size)):
         return None
     if not attempt:
@@ -151,6 +162,6 @@ def resize_record(config: RunConfig, attempt: int, size: int, previous_size: int
 
 def too_many_preemptions(config: RunConfig, failures: List[RankFailure]) -> RankFailure:
     """The failure that ends a run preempted more often than ``spark.dist.maxPreemptions`` allows."""
-    last = next(f for f in failures if f.kind == "resized")
+    last = stop_of(failures)
     return RankFailure(last.rank, last.host, "lost", f"the run was preempted more than {CONF_MAX_PREEMPTIONS}="
                        f"{config.max_preemptions} times; the last: {last.message[len(PREEMPTED):]}", time=last.time)

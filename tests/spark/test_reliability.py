@@ -349,16 +349,9 @@ def record_pid_and_sleep(pid_dir):
 
 
 def test_ctrl_c_on_the_driver_stops_the_ranks_and_the_job(spark_local, tmp_path):
-    import _thread
-    import threading
+    from spark_jobs import interrupt_main_when
 
-    def interrupt_when_both_ranks_run():
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _thread.interrupt_main()  # what Ctrl-C (or a notebook's interrupt) does
-
-    threading.Thread(target=interrupt_when_both_ranks_run, daemon=True).start()
+    interrupt_main_when(tmp_path, "rank*.pid", 2, timeout=60)  # once both ranks run
     d = Distributor(num_processes=2, verbose=False)
     with pytest.raises(KeyboardInterrupt):
         d.run(record_pid_and_sleep, str(tmp_path))

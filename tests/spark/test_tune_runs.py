@@ -157,16 +157,10 @@ def hang(x, pid_dir):
 
 
 def test_ctrl_c_cancels_the_running_trials_jobs(spark_local, tmp_path):
-    import _thread
-
-    def interrupt_when_both_run():
-        deadline = time.monotonic() + 90
-        while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _thread.interrupt_main()  # what Ctrl-C in a notebook or a terminal does
+    from spark_jobs import interrupt_main_when
 
     study = grid(1, 2)
-    threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+    interrupt_main_when(tmp_path, "*.pid", 2, timeout=90)  # once both trials' ranks run
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         optimize(study, lambda t: (hang, (t.suggest_int("x", 0, 9), str(tmp_path))), 4)
