@@ -213,10 +213,10 @@ class StandaloneCluster:
 
         _wait_for(what, ready, timeout=timeout, interval=0.5)
 
-    def executor_pids(self):
-        """Executor JVMs the workers run now (children of the worker JVMs)."""
+    def executor_pids(self, worker=None):
+        """Executor JVMs the workers run now (children of the worker JVMs), or worker ``worker``'s alone."""
         pids = []
-        for w in self.workers:
+        for w in self.workers if worker is None else [self.workers[worker]]:
             try:
                 children = psutil.Process(w.pid).children(recursive=True)
             except psutil.Error:
@@ -344,7 +344,9 @@ class SparkManager:
         elif kind == SHARED_EXECUTORS:
             conf.update({"spark.master": "local-cluster[2,2,1024]", "spark.test.home": SPARK_HOME})
         elif kind == STANDALONE:
-            conf["spark.master"] = self.standalone().master_url
+            # Decommission on, as a cluster that may take executors away has it: a decommissioned worker's
+            # executors finish their tasks and exit (tests/spark/test_elastic_runs.py).
+            conf.update({"spark.master": self.standalone().master_url, "spark.decommission.enabled": "true"})
         elif kind == TWO_HOSTS:
             from two_hosts import DRIVER_IP
 

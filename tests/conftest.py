@@ -51,10 +51,11 @@ os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
                 "-XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote",
                 f"-Djava.io.tmpdir={RUN_TEMP_DIR}"] if p)
 # cloudpickle pickles functions of test modules by reference ("test_x.f"): Python workers of every
-# set-up (they inherit the JVM's environment) must be able to import tests/*.py and tests/<kind>/*.py too.
+# set-up (they inherit the JVM's environment) must be able to import tests/*.py, tests/<kind>/*.py and the
+# example scripts' functions (tests/scripts/*.py) too.
 _tests_dir = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in [_tests_dir, *(os.path.join(_tests_dir, kind) for kind in ("unit", "spark", "e2e")),
+    p for p in [_tests_dir, *(os.path.join(_tests_dir, kind) for kind in ("unit", "spark", "e2e", "scripts")),
                 os.environ.get("PYTHONPATH", "")] if p)
 
 import pytest  # noqa: E402

@@ -147,51 +147,61 @@ def test_no_listener_on_any_address_but_its_own_host(spark_two_hosts):
         assert ips == [host]  # gloo's listeners in each rank: its host's address, never 0.0.0.0
 
 
-def test_an_elastic_run_goes_on_with_the_host_left_and_trains_as_a_run_started_there(spark_two_hosts, spark_manager,
-                                                                                     tmp_path):
+def test_an_elastic_run_goes_on_with_the_host_left_then_grows_back_when_it_returns(spark_two_hosts, spark_manager,
+                                                                                    tmp_path):
     # 4 ranks, 2 on each host; one host goes off the network mid-epoch and the run goes on with the 2 ranks of the
-    # other, without waiting for it.
+    # other, without waiting for it; the host comes back and the run grows to 4 ranks at a checkpoint.
     import threading
 
     import test_elastic_runs as elastic_runs
 
     from spark_dist.data import CACHE_DIR_CONF
 
-    cluster = spark_manager.hosts_cluster
+    cluster, epochs = spark_manager.hosts_cluster, elastic_runs.EPOCHS
     kept, roots = tmp_path / "kept", tmp_path / "checkpoints"
     kept.mkdir()
     spark_two_hosts.conf.set(CACHE_DIR_CONF, f"file://{tmp_path}")  # a disk every host sees
     train = elastic_runs.dataset(spark_two_hosts)
     d = Distributor(num_processes=4, min_processes=2, max_retries=1, checkpoint_dir=str(roots), verbose=False)
-    down = {}
+    times = {}
 
     def operator():
         elastic_runs.wait_for_report(d, lambda r: r.get("step", 0) >= 3)
-        down["at"] = time.time()
+        times["down"] = time.time()
         cluster.take_down(1)  # host 10.213.0.3
+        elastic_runs.wait_for_report(d, lambda r: r.get("world") == 2)
+        times["up"] = time.time()
+        cluster.bring_up(1)
 
     helper = threading.Thread(target=operator, daemon=True)
     helper.start()
     try:
-        out = d.run(elastic_runs.elastic_train, 3, 0.3, 0.05, str(kept), datasets={"train": train})
+        out = d.run(elastic_runs.elastic_train, epochs, elastic_runs.STEP_S, 0.05, str(kept), fast_from_attempt=2,
+                    datasets={"train": train})
         helper.join()
         events = [(r["event"], r["world_size"], r["reason"]) for r in d.history if r.get("event")]
-        assert events == [("resize", 4, "start"), ("resize", 2, "lost 10.213.0.3")]
+        assert events == [("resize", 4, "start"), ("resize", 2, "lost 10.213.0.3"),
+                          ("resize", 4, "free slots for 2 more ranks: growing to 4")], events
         reports = [r for r in d.history if r.get("rank") is not None]
-        first_on_two = min((r for r in reports if r["attempt"] == 1), key=lambda r: r["time"])
-        detected = down["at"] + 10.0  # spark.dist.hostLostTimeout
-        assert first_on_two["time"] - detected < 30, f"trained again {first_on_two['time'] - detected:.1f}s after"
+        first = {a: min((r for r in reports if r["attempt"] == a), key=lambda r: r["time"]) for a in (1, 2)}
+        detected = times["down"] + 10.0  # spark.dist.hostLostTimeout
+        assert first[1]["time"] - detected < 30, f"trained again {first[1]['time'] - detected:.1f}s after"
         assert {r["world"] for r in reports if r["attempt"] == 1} == {2}
-        elastic_runs.assert_every_row_once_per_epoch(d.history, 3)
+        assert {r["world"] for r in reports if r["attempt"] == 2} == {4}
+        elastic_runs.assert_every_row_once_per_epoch(d.history, epochs)
         # A fixed 2-rank run started from the checkpoint the elastic run went on from, at the learning rate the
-        # elastic run's 2 ranks had (0.05 * 2 / 4): the same weights, to the bit.
-        resumed_from = first_on_two["step"] - 1
+        # elastic run's 2 ranks had (0.05 * 2 / 4), up to the checkpoint it grew back from: the same weights, to
+        # the bit.
+        resumed_from, grown_from = first[1]["step"] - 1, first[2]["step"] - 1
         (roots / "from-checkpoint").mkdir(mode=0o700)
         (kept / f"step-{resumed_from}.pt").rename(roots / "from-checkpoint" / "checkpoint.pt")
         reference = Distributor(num_processes=2, checkpoint_dir=str(roots), run_id="from-checkpoint", verbose=False)
-        again = reference.run(elastic_runs.elastic_train, 3, 0.0, 0.025, datasets={"train": train})
-        assert again["step"] == out["step"]
-        assert torch.equal(again["weight"], out["weight"]) and torch.equal(again["bias"], out["bias"])
+        again = reference.run(elastic_runs.elastic_train, epochs, 0.0, 0.025, until_step=grown_from,
+                              datasets={"train": train})
+        grown = torch.load(kept / f"step-{grown_from}.pt")["model"]
+        assert again["step"] == grown_from
+        assert torch.equal(again["weight"], grown["weight"]) and torch.equal(again["bias"], grown["bias"])
+        assert out["step"] == max(r["step"] for r in reports)
     finally:
         # The host's executor may not outlive its time off the network (Spark 3.5's does not): the next test
         # starts a fresh cluster. Back on the network first, or stopping Spark waits out its RPC timeouts.
