@@ -41,6 +41,9 @@ from .outcome import JobError, Outcome, Seen, outcome_of
 # and for the job's end once it cancelled it: the stage's end travels back through the server.
 _CONNECT_MARGIN_S = 30.0
 _CANCEL_WAIT_S = 60.0
+# How long a run the caller gave up on may take to end by itself after the abort (the supervisors see it within
+# 50 ms and give a rank 0.5 s to write a report of its own) before its job is cancelled.
+_STOP_WAIT_S = 3.0
 
 
 class Sizes(NamedTuple):
@@ -165,9 +168,13 @@ class Attempt:
             coordinator.drain_output(final=True)
             coordinator.drain_progress(time.monotonic(), final=True)
             seen = coordinator.seen(records, errors[0] if errors else None)
-        except BaseException:  # the caller gave up (Ctrl-C in a notebook): stop the ranks and the job
+        except BaseException:  # the caller gave up (Ctrl-C in a notebook, a pruned trial): stop the ranks
             store.put(ABORT, Abort.CANCELLED)
-            self._cancel()
+            # The supervisors kill their ranks on the abort and the tasks return: the job ends by itself, and
+            # the executors keep their Python workers warm for the next run (a cancelled task's worker is
+            # killed). Cancelled only when a task does not return in time (a silent host's).
+            if not done.wait(_STOP_WAIT_S):
+                self._cancel()
             thread.join(self.config.abort_grace_period + 5)
             raise
         finally:

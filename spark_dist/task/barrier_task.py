@@ -234,7 +234,7 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
                 aborted = True
                 if abort == Abort.TIMEOUT:
                     store.put(stack_key(rank.rank), _dump_stack(child, tail))
-                else:
+                elif abort != Abort.CANCELLED:  # the caller gave up: no rank's report is wanted
                     # A rank that raised at about the same time as the one that aborted the run is writing
                     # its own report: let it finish, or "every rank raised the same error" (not retried)
                     # would look like one rank's error (retried). A rank blocked in a collective waits it out.

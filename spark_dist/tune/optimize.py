@@ -54,7 +54,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
         num_processes: ranks of each trial (with ``use_gpu``, one GPU each).
         metric: the key of rank 0's ``ctx.report(...)`` whose values go to ``trial.report`` at the report's
             ``step``, ``global_step`` or ``epoch`` (else numbered in order), so that the study's pruner can
-            stop a trial: its job is cancelled and its slots freed. ``None``: no pruning. Single-objective only.
+            stop a trial: its ranks are stopped and its slots freed. ``None``: no pruning. Single-objective only.
         max_concurrent: at most this many trials at once (default: as many as the slots allow; 1 with
             ``local_mode``, or where the slot count is unknown, under Spark Connect without the conf that says).
         timeout: seconds after which no trial is started (running ones finish), as in Optuna.

@@ -1,5 +1,5 @@
 """spark_dist.tune and concurrent runs on real Spark: more trials than slots run as many at once as the slots
-allow, a failed trial is recorded while the study goes on, a pruned trial's job is cancelled and its slots freed,
+allow, a failed trial is recorded while the study goes on, a pruned trial's ranks are stopped and its slots freed for the next in warm workers,
 runs started from threads wait their turn for slots, on local[2], the standalone cluster and Spark Connect."""
 import os
 import threading
@@ -75,6 +75,8 @@ def test_more_trials_than_slots_share_local_slots_and_one_cache(spark_local, tmp
 def report_then_hang(x, pid_dir):
     ctx = get_context()
     open(os.path.join(pid_dir, f"x{x}-rank{ctx.rank}.pid"), "w").write(str(os.getpid()))
+    # A rank is forked from its task's Python worker.
+    open(os.path.join(pid_dir, f"x{x}-rank{ctx.rank}.worker"), "w").write(str(os.getppid()))
     for epoch in range(3):
         ctx.report(epoch=epoch, loss=float(x))
         if x > 10:
@@ -83,7 +85,7 @@ def report_then_hang(x, pid_dir):
     return float(x)
 
 
-def test_a_pruned_trials_job_is_cancelled_and_its_slots_freed_for_the_next(spark_local, tmp_path):
+def test_a_pruned_trials_ranks_are_stopped_and_its_slots_freed_for_the_next_in_warm_workers(spark_local, tmp_path):
     study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=10.0))
     for x in (50, 1, 2):
         study.enqueue_trial({"x": x})
@@ -96,10 +98,14 @@ def test_a_pruned_trials_job_is_cancelled_and_its_slots_freed_for_the_next(spark
     assert [(t.state.name, t.value) for t in done] == [("COMPLETE", 1.0), ("COMPLETE", 2.0)]
     pids = [int(p.read_text()) for p in tmp_path.glob("x50-rank*.pid")]
     assert len(pids) == 2 and still_running_after(pids) == []
+    # The pruned trial's tasks returned once their ranks were stopped (the job was not cancelled, which would
+    # kill its tasks' Python workers): the next trial's ranks were forked from the same, warm, workers.
     sc = spark_local.sparkContext
     [job] = sc.statusTracker().getJobIdsForGroup(f"spark_dist-{pruned.user_attrs['spark_dist_run_id']}-0")
-    assert sc.statusTracker().getJobInfo(job).status == "FAILED"  # cancelled
+    assert sc.statusTracker().getJobInfo(job).status == "SUCCEEDED"
     assert sc.statusTracker().getActiveJobsIds() == []
+    workers = {x: {p.read_text() for p in tmp_path.glob(f"x{x}-rank*.worker")} for x in (50, 1)}
+    assert len(workers[50]) == 2 and workers[1] == workers[50]
 
 
 def hold_slots(i, log_dir):
