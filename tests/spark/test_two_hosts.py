@@ -189,19 +189,22 @@ def test_an_elastic_run_goes_on_with_the_host_left_then_grows_back_when_it_retur
         assert {r["world"] for r in reports if r["attempt"] == 1} == {2}
         assert {r["world"] for r in reports if r["attempt"] == 2} == {4}
         elastic_runs.assert_every_row_once_per_epoch(d.history, epochs)
-        # A fixed 2-rank run started from the checkpoint the elastic run went on from, at the learning rate the
-        # elastic run's 2 ranks had (0.05 * 2 / 4), up to the checkpoint it grew back from: the same weights, to
-        # the bit.
+        # Fixed-size runs from the checkpoint the elastic run went on from: 2 ranks, at the learning rate the
+        # elastic run's 2 ranks had (0.05 * 2 / 4), up to the checkpoint it grew back from, then 4 ranks from
+        # that one to the end. The same weights at the grow and at the end, to the bit.
         resumed_from, grown_from = first[1]["step"] - 1, first[2]["step"] - 1
         (roots / "from-checkpoint").mkdir(mode=0o700)
         (kept / f"step-{resumed_from}.pt").rename(roots / "from-checkpoint" / "checkpoint.pt")
-        reference = Distributor(num_processes=2, checkpoint_dir=str(roots), run_id="from-checkpoint", verbose=False)
-        again = reference.run(elastic_runs.elastic_train, epochs, 0.0, 0.025, until_step=grown_from,
-                              datasets={"train": train})
+        two, four = (Distributor(num_processes=n, checkpoint_dir=str(roots), run_id="from-checkpoint", verbose=False)
+                     for n in (2, 4))
+        at_grow = two.run(elastic_runs.elastic_train, epochs, 0.0, 0.025, until_step=grown_from,
+                          datasets={"train": train})
         grown = torch.load(kept / f"step-{grown_from}.pt")["model"]
-        assert again["step"] == grown_from
-        assert torch.equal(again["weight"], grown["weight"]) and torch.equal(again["bias"], grown["bias"])
-        assert out["step"] == max(r["step"] for r in reports)
+        assert at_grow["step"] == grown_from
+        assert torch.equal(at_grow["weight"], grown["weight"]) and torch.equal(at_grow["bias"], grown["bias"])
+        at_end = four.run(elastic_runs.elastic_train, epochs, 0.0, 0.05, datasets={"train": train})
+        assert at_end["step"] == out["step"] == max(r["step"] for r in reports)
+        assert torch.equal(at_end["weight"], out["weight"]) and torch.equal(at_end["bias"], out["bias"])
     finally:
         # The host's executor may not outlive its time off the network (Spark 3.5's does not): the next test
         # starts a fresh cluster. Back on the network first, or stopping Spark waits out its RPC timeouts.
