@@ -97,8 +97,7 @@ class Attempt:
         self.spec = launch_spec(config, attempt, job_bytes, handles, checkpoint_dir, owner.log_ranks, host, port,
                                 sizes)
         # What the driver watches for: a decommissioned executor under a rank, the missing ranks' slots.
-        full = dataclasses.replace(config, num_processes=sizes.initial or config.num_processes)
-        self.resize_check = elastic.watch(full, spark, config.num_processes)
+        self.resize_check = elastic.watch(config, spark, sizes.initial or config.num_processes)
 
     def run(self) -> Outcome:
         """The attempt's outcome; a failure of the ranks or of the job is in it, not raised.

@@ -111,16 +111,18 @@ def first_size(config: RunConfig, spark, wait: float) -> int:
         time.sleep(_RECHECK_S)
 
 
-def watch(config: RunConfig, spark, size: int) -> Optional[Callable[[Sequence[TaskInfo]], Optional[str]]]:
-    """What the driver checks while an attempt of ``size`` ranks runs on a classic session (``None`` where it
-    can check nothing: local mode, Spark Connect): given where the attempt's tasks run, why it should stop at
-    its next checkpoint, else ``None``. Two reasons, in this order: an executor running a rank is being
-    decommissioned (every run: ``PREEMPTED`` and the executors; found by the barrier stage's executors, or by
-    host where the status store does not say), or, for an elastic run below ``num_processes``, the slots of
-    the missing ranks are free again (a grow)."""
+def watch(config: RunConfig, spark, full: int) -> Optional[Callable[[Sequence[TaskInfo]], Optional[str]]]:
+    """What the driver checks while an attempt runs on a classic session (``config``: the attempt's, its
+    ``num_processes`` the attempt's ranks; ``full``: the run's ``num_processes``), ``None`` where it can check
+    nothing (local mode, Spark Connect): given where the attempt's tasks run, why it should stop at its next
+    checkpoint, else ``None``. Two reasons, in this order: an executor running a rank is being decommissioned
+    (every run: ``PREEMPTED`` and the executors; found by the barrier stage's executors, or by host where the
+    status store does not say), or, for an elastic run's attempt below ``full``, the slots of the missing ranks
+    are free again (a grow)."""
     if config.local_mode or spark is None or session.is_connect(spark):
         return None
-    missing = (config.num_processes - size) // config.processes_per_task if config.elastic else 0
+    size = config.num_processes
+    missing = (full - size) // config.processes_per_task
 
     def check(tasks: Sequence[TaskInfo]) -> Optional[str]:
         gone = session.decommissioning_hosts(spark) or {}
@@ -134,8 +136,8 @@ def watch(config: RunConfig, spark, size: int) -> Optional[Callable[[Sequence[Ta
         if missing:
             free = session.free_task_slots(spark)
             if free is not None and free >= missing:
-                more = config.num_processes - size
-                return f"free slots for {more} more rank{'s' * (more > 1)}: growing to {config.num_processes}"
+                more = full - size
+                return f"free slots for {more} more rank{'s' * (more > 1)}: growing to {full}"
         return None
     return check
 
