@@ -41,8 +41,8 @@ from .outcome import JobError, Outcome, Seen, outcome_of
 # and for the job's end once it cancelled it: the stage's end travels back through the server.
 _CONNECT_MARGIN_S = 30.0
 _CANCEL_WAIT_S = 60.0
-# How long a run the caller gave up on may take to end by itself after the abort (the supervisors see it within
-# 50 ms and give a rank 0.5 s to write a report of its own) before its job is cancelled.
+# How long a run the caller gave up on may take to end by itself after the abort before its job is cancelled: the
+# supervisors read the abort key every 50 ms at most and kill their ranks at once.
 _STOP_WAIT_S = 3.0
 
 
