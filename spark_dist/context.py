@@ -40,6 +40,7 @@ class TrainContext:
     initial_world_size: int = 0  # the run's num_processes (an elastic run's attempt may have fewer ranks)
     previous_world_size: int = 0  # the ranks of the attempt before this one (0: this is the first)
     _watch_resize: bool = field(default=False, repr=False)  # rank 0 stops at a checkpoint when the driver asks
+    _hear_preemption: list = field(default_factory=list, repr=False)  # on_preemption's callbacks, each run once
 
     @property
     def preempted(self) -> bool:
@@ -58,18 +59,27 @@ class TrainContext:
         return reason[len(PREEMPTED):] if reason is not None and reason.startswith(PREEMPTED) else None
 
     def on_preemption(self, callback, every: float = 1.0) -> None:
-        """Call ``callback(reason)`` once, from a background thread, when :attr:`preempted` becomes true (checked
-        every ``every`` seconds). It runs beside the training loop: let it set a flag the loop reads (and
-        checkpoints on), not train or save itself."""
+        """Call ``callback(reason)`` once when :attr:`preempted` becomes true: from a background thread that
+        checks every ``every`` seconds, or in rank 0 from :meth:`save_checkpoint` if that stops the attempt
+        first. It runs beside the training loop: let it set a flag the loop reads (and checkpoints on), not
+        train or save itself."""
         import threading
+
+        if not self._watch_resize or self._reporter is None:
+            return
+        once = threading.Lock()  # taken for good by the first of the two callers
+
+        def hear(reason):
+            if once.acquire(blocking=False):
+                callback(reason)
 
         def watch():
             while (reason := self._preemption()) is None:
                 time.sleep(every)
-            callback(reason)
+            hear(reason)
 
-        if self._watch_resize and self._reporter is not None:
-            threading.Thread(target=watch, name="spark_dist-preemption", daemon=True).start()
+        self._hear_preemption.append(hear)
+        threading.Thread(target=watch, name="spark_dist-preemption", daemon=True).start()
 
     @property
     def resized(self) -> bool:
@@ -299,6 +309,9 @@ class TrainContext:
         if reason is not None:
             from .errors import RunResized
 
+            if reason.startswith(PREEMPTED):  # the callbacks' threads may not have looked since
+                for hear in self._hear_preemption:
+                    hear(reason[len(PREEMPTED):])
             self.wait_for_checkpoints()
             raise RunResized(reason)
 

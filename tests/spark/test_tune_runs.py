@@ -1,6 +1,7 @@
 """spark_dist.tune and concurrent runs on real Spark: more trials than slots run as many at once as the slots
 allow, a failed trial is recorded while the study goes on, a pruned trial's ranks are stopped and its slots freed for the next in warm workers,
 runs started from threads wait their turn for slots, on local[2], the standalone cluster and Spark Connect."""
+import glob
 import os
 import threading
 import time
@@ -74,9 +75,12 @@ def test_more_trials_than_slots_share_local_slots_and_one_cache(spark_local, tmp
 
 def report_then_hang(x, pid_dir):
     ctx = get_context()
-    open(os.path.join(pid_dir, f"x{x}-rank{ctx.rank}.pid"), "w").write(str(os.getpid()))
-    # A rank is forked from its task's Python worker.
+    # Each rank leaves its Python worker's pid (a rank is forked from its task's worker) and its own; rank 0
+    # reports only once every rank has, so that a trial pruned at its first report had all its ranks up.
     open(os.path.join(pid_dir, f"x{x}-rank{ctx.rank}.worker"), "w").write(str(os.getppid()))
+    open(os.path.join(pid_dir, f"x{x}-rank{ctx.rank}.pid"), "w").write(str(os.getpid()))
+    while len(glob.glob(os.path.join(pid_dir, f"x{x}-rank*.pid"))) < ctx.world_size:
+        time.sleep(0.01)
     for epoch in range(3):
         ctx.report(epoch=epoch, loss=float(x))
         if x > 10:

@@ -1,5 +1,7 @@
 """spark_dist.driver.elastic: how many ranks an elastic run's next attempt gets, and what its history says.
 Spark's slot counts are given as plain functions here; tests/spark/test_two_hosts.py runs it on a cluster. No JVM."""
+import time
+
 import pytest
 
 from spark_dist.config import RunConfig
@@ -133,6 +135,23 @@ def test_every_rank_learns_of_a_preemption_and_rank_0_stops_at_its_next_checkpoi
     fixed = elastic.resize_record(RunConfig.build(num_processes=2), 1, 2, 2,
                                   [RankFailure(0, "h", "resized", reporter.reason)])
     assert fixed["event"] == "preempted"  # any run's preemption, elastic or not
+
+
+def test_rank_0_hears_a_preemption_once_even_when_its_checkpoint_stops_it_first(tmp_path):
+    from spark_dist.context import TrainContext
+    from spark_dist.errors import RunResized
+
+    reporter = _AskingReporter(None)
+    rank0 = TrainContext(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0, attempt=0, run_id="r",
+                         host="h", checkpoint_dir=str(tmp_path), _reporter=reporter, _watch_resize=True)
+    heard = []
+    rank0.on_preemption(heard.append, every=3600)  # its thread looked once, before the notice, and sleeps
+    time.sleep(0.05)
+    reporter.reason = "preempted: executor 1 on 10.213.0.3 being decommissioned"
+    for _ in range(2):
+        with pytest.raises(RunResized):
+            rank0.save_checkpoint({"step": 3})
+    assert heard == ["executor 1 on 10.213.0.3 being decommissioned"]  # before the stop, and only once
 
 
 def test_a_grow_waits_for_a_checkpoint_whose_epoch_deals_out_evenly_a_preemption_does_not(tmp_path):
