@@ -9,7 +9,9 @@ writes, and a loaded one back into them:
 - a ``torch.optim.Optimizer``: ``get_optimizer_state_dict`` of the state's one module (keyed by parameter
   names, so it reshards with the model); restored with ``set_optimizer_state_dict``;
 - anything else with ``state_dict()`` and ``load_state_dict()`` (a spark_dist loader, an LR scheduler, a
-  ``GradScaler``): its state dict, given back through ``load_state_dict``;
+  ``GradScaler``): its state dict, pickled whole into one value and given back through ``load_state_dict``.
+  Whole, because DCP loads a dict only into the keys of the one it is given, a fresh object's: a loader's
+  place inside an epoch dealt out after a resize carries keys (its ``origin``) that a fresh loader's lacks;
 - tensors, DTensors, numbers, strings and containers of them: as they are.
 
 torch's ``state_dict`` helpers are the library that already does this job (FQN keys, FSDP2, DDP prefixes,
@@ -17,7 +19,17 @@ optimizer state initialised before a first step), so nothing here re-implements 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Tuple
+import pickle
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+_STATE_BLOB = b"spark_dist state_dict\n"  # heads a stateful object's pickled state dict in a checkpoint
+
+
+def opened(value: Any) -> Any:
+    """A stateful object's state dict back from its saved form; any other value as it is."""
+    if isinstance(value, bytes) and value.startswith(_STATE_BLOB):
+        return pickle.loads(value[len(_STATE_BLOB):])
+    return value
 
 
 def _kinds(state: Mapping[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
@@ -62,8 +74,10 @@ def has_sharded_tensors(value: Any) -> bool:
     return False
 
 
-def to_saved(state: Mapping[str, Any]) -> Dict[str, Any]:
-    """The state dict DCP writes for ``state`` (see the module's docstring).
+def to_saved(state: Mapping[str, Any], stored: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The state dict DCP writes for ``state`` (see the module's docstring), or loads into. ``stored``: the
+    keys of the checkpoint to load, where a stateful object's state saved by an earlier spark_dist, a dict
+    DCP flattened, is loaded as such.
 
     Raises:
         TypeError: ``state`` is not a dict with string keys.
@@ -81,7 +95,8 @@ def to_saved(state: Mapping[str, Any]) -> Dict[str, Any]:
         elif key in optimizers:
             saved[key] = get_optimizer_state_dict(module, value)
         elif key in stateful:
-            saved[key] = value.state_dict()
+            flattened = stored is not None and key not in stored
+            saved[key] = value.state_dict() if flattened else _STATE_BLOB + pickle.dumps(value.state_dict())
         else:
             saved[key] = value
     return saved
@@ -102,7 +117,7 @@ def restore(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> Dict[str, An
         elif key in optimizers:
             set_optimizer_state_dict(module, value, loaded[key])
         elif key in stateful:
-            value.load_state_dict(loaded[key])
+            value.load_state_dict(opened(loaded[key]))
         else:
             restored[key] = loaded[key]
     return restored

@@ -98,7 +98,7 @@ def load_full(path: str) -> Dict[str, Any]:
     state: Dict[str, Any] = {}
     _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
-    return state
+    return {key: checkpoint_state.opened(value) for key, value in state.items()}
 
 
 class ShardedCheckpoints:
@@ -263,26 +263,28 @@ class ShardedCheckpoints:
         if choice[0] is None:
             return None
         _check_files(choice[0])
-        saved = checkpoint_state.to_saved(state)
-        _check_fits(choice[0], state, saved)
+        from torch.distributed.checkpoint import FileSystemReader
+
+        stored = FileSystemReader(choice[0]).read_metadata().state_dict_metadata
+        saved = checkpoint_state.to_saved(state, stored)
+        _check_fits(choice[0], stored, state, saved)
         dcp.load(saved, checkpoint_id=choice[0], process_group=group, no_dist=no_dist)
         return checkpoint_state.restore(state, saved)
 
 
-def _check_fits(path: str, state: Mapping[str, Any], saved: Mapping[str, Any], shown: int = 3) -> None:
-    """Raise before anything is loaded (so before a training step) when the checkpoint at ``path`` does not
-    fit ``state``: a key of the state it lacks, a module's key it holds that the module lacks, a tensor of
-    another shape. DCP's own errors come mid-load, one key at a time.
+def _check_fits(path: str, stored: Mapping[str, Any], state: Mapping[str, Any], saved: Mapping[str, Any],
+                shown: int = 3) -> None:
+    """Raise before anything is loaded (so before a training step) when the checkpoint at ``path`` (its
+    metadata's ``stored`` keys) does not fit ``state``: a key of the state it lacks, a module's key it holds
+    that the module lacks, a tensor of another shape. DCP's own errors come mid-load, one key at a time.
 
     Raises:
         ConfigError: naming the first keys of each kind, the shapes, and what to change.
     """
     import torch
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    stored = FileSystemReader(path).read_metadata().state_dict_metadata
     flat, _ = flatten_state_dict(dict(saved))
     modules = [k for k, v in state.items() if isinstance(v, torch.nn.Module)]
     missing = [k for k in flat if k not in stored]

@@ -32,6 +32,9 @@ needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod.torch is no
 
 ROWS, BATCH = 64, 4
 EPOCHS, STEP_S = 16, 0.25  # paced steps: time enough for the cluster's events (with room on a loaded machine); the grown attempt runs unpaced
+# The FSDP2 run: one epoch of 1-row batches, so that both resizes fall inside it: its second resumes from a place
+# dealt out by the first (a loader state with its origin), written and read as sharded checkpoints.
+SHARDED_ROWS = 128
 
 
 def elastic_train(epochs, step_seconds, lr=0.05, keep_dir=None, heard_dir=None, until_step=None, horovod=False,
@@ -91,7 +94,7 @@ def elastic_train(epochs, step_seconds, lr=0.05, keep_dir=None, heard_dir=None, 
     return {"weight": model.weight.detach().clone(), "bias": model.bias.detach().clone(), "step": step}
 
 
-def sharded_train(epochs, step_seconds, heard_dir=None, fast_from_attempt=None):
+def sharded_train(epochs, step_seconds, heard_dir=None, fast_from_attempt=None, batch_size=BATCH):
     """elastic_train's steps on an FSDP2 model (tests/scripts/train_fsdp.py's), with sharded checkpoints of the
     live model, optimizer and loader that reshard on load to the attempt's number of ranks."""
     ctx = get_context()
@@ -99,7 +102,7 @@ def sharded_train(epochs, step_seconds, heard_dir=None, fast_from_attempt=None):
     listen_for_notices(ctx, heard_dir)
     model = sharded_model(ctx.world_size, ctx.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = ctx.loader("train", batch_size=BATCH)
+    loader = ctx.loader("train", batch_size=batch_size)
     state = {"model": model, "optimizer": optimizer, "loader": loader, "step": 0}
     step = (ctx.load_checkpoint(into=state) or state)["step"]
     for epoch in range(loader.epoch, epochs):
@@ -146,12 +149,12 @@ def pause(ctx, step_seconds, fast_from_attempt):
         time.sleep(step_seconds)
 
 
-def dataset(spark):
+def dataset(spark, rows=ROWS):
     from pyspark.sql import functions as F
 
-    x = (F.col("id") / ROWS).cast("float")
+    x = (F.col("id") / rows).cast("float")
     xs = F.array(x, x * x, x * x * x, 1 - x).cast("array<float>")  # sharded_model's 4 inputs
-    return spark.range(ROWS).select("id", x.alias("x"), xs.alias("xs"), (2 * x + 1).cast("float").alias("y"))
+    return spark.range(rows).select("id", x.alias("x"), xs.alias("xs"), (2 * x + 1).cast("float").alias("y"))
 
 
 def wait_for_report(d, matches, timeout=120):
@@ -172,13 +175,13 @@ def steps_kept(history):
     return [r for r in reports if r["step"] <= resumed_at.get(r["attempt"], float("inf"))]
 
 
-def assert_every_row_once_per_epoch(history, epochs):
-    rows = collections.defaultdict(list)
+def assert_every_row_once_per_epoch(history, epochs, rows=ROWS):
+    trained = collections.defaultdict(list)
     for r in steps_kept(history):
-        rows[r["epoch"]].extend(r["ids"])
-    assert sorted(rows) == list(range(epochs))
-    for epoch, ids in rows.items():
-        assert sorted(ids) == list(range(ROWS)), f"epoch {epoch}: rows missing or trained twice"
+        trained[r["epoch"]].extend(r["ids"])
+    assert sorted(trained) == list(range(epochs))
+    for epoch, ids in trained.items():
+        assert sorted(ids) == list(range(rows)), f"epoch {epoch}: rows missing or trained twice"
 
 
 def decommission_then_replace(cluster, d, times):
@@ -207,7 +210,7 @@ def run_through_a_decommission(cluster, d, run):
     return out, times
 
 
-def assert_heard_shrunk_and_grew_back(d, heard_dir, times):
+def assert_heard_shrunk_and_grew_back(d, heard_dir, times, epochs=EPOCHS, rows=ROWS):
     """The notice reached every rank; rank 0 stopped at its checkpoint before the decommissioned executor went;
     the run went on on 1 rank and grew back to 2; every epoch trained on every row once."""
     events = [(r["event"], r["world_size"]) for r in d.history if r.get("event")]
@@ -223,7 +226,7 @@ def assert_heard_shrunk_and_grew_back(d, heard_dir, times):
     reports = [r for r in d.history if r.get("rank") is not None]
     assert not any(r["preempted"] for r in reports if r["attempt"] > 0)  # a new attempt starts with no notice
     assert {(r["attempt"], r["world"], r["resized"]) for r in reports} == {(0, 2, False), (1, 1, True), (2, 2, True)}
-    assert_every_row_once_per_epoch(d.history, EPOCHS)
+    assert_every_row_once_per_epoch(d.history, epochs, rows)
     return reports
 
 
@@ -242,13 +245,14 @@ def test_a_decommissioned_worker_is_heard_and_a_horovod_run_shrinks_then_grows_b
 def test_torch_distributor_with_the_conf_key_runs_fsdp2_elastic_on_sharded_checkpoints(spark_standalone,
                                                                                       standalone_cluster, tmp_path):
     # PySpark's class has no min_processes: the conf key makes its runs elastic. Each resize resumes from a
-    # sharded checkpoint written by another number of ranks (2 -> 1 merges the shards, 1 -> 2 splits them).
+    # sharded checkpoint written by another number of ranks (2 -> 1 merges the shards, 1 -> 2 splits them), the
+    # second from a place inside the epoch the first dealt out.
     spark_standalone.conf.set(CONF_MIN_PROCESSES, "1")
     try:
         d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, verbose=False)
         out, times = run_through_a_decommission(standalone_cluster, d, lambda: d.run_with_datasets(
-            {"train": dataset(spark_standalone)}, sharded_train, EPOCHS, STEP_S, str(tmp_path), 2))
+            {"train": dataset(spark_standalone, SHARDED_ROWS)}, sharded_train, 1, STEP_S, str(tmp_path), 2, 1))
     finally:
         spark_standalone.conf.unset(CONF_MIN_PROCESSES)
-    reports = assert_heard_shrunk_and_grew_back(d, tmp_path, times)
+    reports = assert_heard_shrunk_and_grew_back(d, tmp_path, times, epochs=1, rows=SHARDED_ROWS)
     assert out == {"step": max(r["step"] for r in reports), "world_size": 2}

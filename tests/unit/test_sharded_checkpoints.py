@@ -208,3 +208,44 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_named_before_anything_loads
     with pytest.raises(ConfigError, match="in the checkpoint but not in the model: model.2.weight, model.2.bias"):
         ctx.load_checkpoint(into={"model": smaller})
     assert all(torch.equal(v, before[k]) for k, v in wider.state_dict().items())  # nothing was loaded
+
+
+class Place:
+    """A stateful object whose state grows keys as it goes, as a loader's does inside an epoch dealt out after
+    a resize (its ``origin``)."""
+
+    def __init__(self):
+        self.state = {"epoch": 0, "batches": 0}
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+def test_a_stateful_objects_state_comes_back_whole_even_with_keys_a_fresh_one_lacks(tmp_path):
+    ctx = TrainContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, attempt=0, run_id="r",
+                       host="h", checkpoint_dir=str(tmp_path / "run"))
+    place = Place()
+    place.state = {"epoch": 1, "batches": 3, "origin": {"world_size": 2, "position": 9}}
+    ctx.save_checkpoint({"loader": place, "step": 7}, sharded=True)
+    fresh = Place()
+    assert ctx.load_checkpoint(into={"loader": fresh, "step": 0})["step"] == 7
+    assert fresh.state == {"epoch": 1, "batches": 3, "origin": {"world_size": 2, "position": 9}}
+
+
+def test_a_stateful_objects_state_saved_flattened_by_an_earlier_version_still_loads(tmp_path, monkeypatch):
+    from spark_dist.task import checkpoint_state
+
+    ctx = TrainContext(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, attempt=0, run_id="r",
+                       host="h", checkpoint_dir=str(tmp_path / "run"))
+    place = Place()
+    place.state = {"epoch": 2, "batches": 5}
+    to_saved = checkpoint_state.to_saved
+    with monkeypatch.context() as earlier:  # its state dict as a dict, which DCP flattens into its keys
+        earlier.setattr(checkpoint_state, "to_saved", lambda state, stored=None: to_saved(state, stored={}))
+        ctx.save_checkpoint({"loader": place, "step": 4}, sharded=True)
+    fresh = Place()
+    assert ctx.load_checkpoint(into={"loader": fresh, "step": 0})["step"] == 4
+    assert fresh.state == {"epoch": 2, "batches": 5}
