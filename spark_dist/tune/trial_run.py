@@ -4,8 +4,9 @@ study's metric reach ``trial.report`` and the pruner.
 A pruned trial's run ends the way a run the caller gave up on ends: :class:`optuna.TrialPruned` raised from the
 report hook leaves the attempt's watch loop, which aborts the ranks through the store; their tasks return and
 the job ends (it is cancelled only if a task does not return in time) before the exception goes on to Optuna,
-which records ``PRUNED``. The slots are free once the job has ended. Under Spark Connect the reports reach the client with the job's end, so
-there a trial is judged by the pruner only once its run is over (no job is cut short).
+which records ``PRUNED``. The slots are free once the job has ended. Under Spark Connect the reports reach the
+client with the job's end, so there a trial is judged by the pruner only once its run is over (no job is cut
+short).
 """
 from __future__ import annotations
 
