@@ -1,10 +1,13 @@
 """The worker-process side of :mod:`.transform_workers`: how a batch is transformed and seeded, the message
 framing both sides use, and a worker's main loop.
 
-A worker is a fresh interpreter started by :class:`~.transform_workers.TransformWorkers` as
-``python -c BOOT <socket fd> <parent pid> <die-with-parent flag> <sys.path as JSON>``. It talks to the rank
-over one Unix socket: first it receives the pickled ``(fn, collate, seed)``, then ``(run, index, epoch,
-batch)`` messages, each answered in the order received with ``("ok", run, index, output)`` or
+:class:`~.transform_workers.TransformWorkers` starts one fresh interpreter as
+``python -c BOOT <socket fds> <parent pid> <die-with-parent flag> <sys.path as JSON>``: it imports torch,
+then forks the other workers from itself and serves the first socket as worker 0 (:func:`workers_main`), so
+that the k workers share one copy of torch's import (a fork is safe there: the interpreter is new, with no
+CUDA, process group or thread of the rank's). Each worker talks to the rank over its own Unix socket: it
+first sends ``("pid", its pid)``, then receives the pickled ``(fn, collate, seed)``, then ``(run, index,
+epoch, batch)`` messages, each answered in the order received with ``("ok", run, index, output)`` or
 ``("error", run, index, summary, traceback text)``.
 
 Framing: a message is pickled with protocol 5; numpy arrays travel as out-of-band buffers and CPU tensors as
@@ -20,22 +23,26 @@ import queue
 import random
 import select
 import signal
+import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
 
 # Run by the new interpreter: it needs only the standard library until sys.path is the rank's.
-BOOT = ("import json, socket, sys\n"
+BOOT = ("import json, sys\n"
         "sys.path[:] = json.loads(sys.argv[4])\n"
-        "from spark_dist.data.transform_process import worker_main\n"
-        "worker_main(socket.socket(fileno=int(sys.argv[1])), int(sys.argv[2]), sys.argv[3] == '1')\n")
+        "from spark_dist.data.transform_process import workers_main\n"
+        "workers_main([int(fd) for fd in sys.argv[1].split(',')], int(sys.argv[2]), sys.argv[3] == '1')\n")
 
 _PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 _PARENT_POLL_S = 1.0    # how often a worker checks that the rank is still its parent
+_REAP_GRACE_S = 3.0     # worker 0's exit: how long the workers it forked get to exit before they are killed
+_forked: List[int] = []  # in worker 0: the workers it forked, reaped when it exits
 _state = threading.local()  # .seed: the seed of the batch being transformed in this thread
 
 
@@ -181,12 +188,54 @@ def _die_with_parent() -> None:
         pass
 
 
+def _reap(pids: List[int], grace: float) -> None:
+    """Wait for ``pids`` (this process's children) to exit, killing those still alive after ``grace`` seconds,
+    so that none outlives worker 0: the rank's ``close()`` joins worker 0 alone."""
+    deadline = time.monotonic() + grace
+    left = list(pids)
+    while left:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                left.remove(pid)
+        if left and time.monotonic() >= deadline:
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        elif left:
+            time.sleep(0.01)
+
+
+def forked_exit_code(pid: int, timeout: float) -> Optional[int]:
+    """The exit code (negative: the signal) of ``pid``, a worker forked by worker 0, as ``Popen.returncode``
+    gives one: the rank cannot wait for a process that is not its child, but Linux shows a dead child's
+    status (``/proc/<pid>/stat``, field 52) until its parent reaps it, which worker 0 does only when it exits.
+    None when it does not show within ``timeout`` seconds (still exiting, or not Linux)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        if fields[0] == "Z" and len(fields) > 49:
+            status = int(fields[49])  # field 52; fields[0] is field 3
+            return -(status & 0x7F) if status & 0x7F else status >> 8
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
 def _exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 -- exiting anyway
             pass
+    _reap(_forked, _REAP_GRACE_S)
     os._exit(0)
 
 
@@ -207,8 +256,11 @@ def _receive(sock, inbox: "queue.SimpleQueue", parent_pid: int) -> None:
     _exit_now()
 
 
-def worker_main(sock, parent_pid: int, die_with_parent: bool) -> None:
-    """A worker process's life: load the transform, then transform batches in the order they arrive."""
+def workers_main(fds: List[int], parent_pid: int, die_with_parent: bool) -> None:
+    """Worker 0's life (the interpreter the rank started): import torch, fork a worker for each socket in
+    ``fds[1:]``, then serve ``fds[0]``. Each forked worker shares the pages of that import until it writes to
+    them, dies with worker 0 (which reaps it before it exits), and closes every socket but its own, so that
+    the rank sees end of file on a worker's socket exactly when that worker is gone."""
     if die_with_parent:
         _die_with_parent()
     if os.getppid() != parent_pid:  # the rank died before the line above took effect
@@ -216,10 +268,40 @@ def worker_main(sock, parent_pid: int, die_with_parent: bool) -> None:
     # Ctrl-C in a terminal reaches the whole process group: the rank handles it (and closes the pool); a
     # worker stopped by it mid-batch would only report a second, misleading error.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import cloudpickle  # noqa: F401 -- what unpickling the transform needs, imported once for every worker
     import torch
 
     # As torch's DataLoader workers do: k workers with one intra-op thread each, not k times the cores.
     torch.set_num_threads(1)
+    socks = [socket.socket(fileno=fd) for fd in fds]
+    me, forked = os.getpid(), []
+    for sock in socks[1:]:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for other in socks:
+                    if other is not sock:
+                        other.close()
+                _die_with_parent()
+                worker_main(sock, me)
+            finally:
+                os._exit(1)  # worker_main ends the process itself; never return into worker 0's loop
+        forked.append(pid)
+    for sock in socks[1:]:
+        sock.close()
+    _forked[:] = forked
+    worker_main(socks[0], parent_pid)
+
+
+def worker_main(sock, parent_pid: int) -> None:
+    """A worker process's life: say its pid, load the transform, then transform batches in the order they
+    arrive. Ends the process."""
+    if os.getppid() != parent_pid:  # the parent died before its death signal was asked for
+        _exit_now()
+    try:
+        send(sock, encode(("pid", os.getpid())))
+    except OSError:
+        _exit_now()
     inbox: "queue.SimpleQueue" = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(sock, inbox, parent_pid), name="receive", daemon=True).start()
     try:

@@ -16,15 +16,17 @@ copied into each worker once. Batches travel to and from the workers over a Unix
 arrays as raw buffers; give the stage CPU batches (before the loader moves them to the device). A worker's
 prints go to the rank's stdout and stderr.
 
-How workers start: as fresh interpreters (``subprocess``, which execs at once: no Python code of the rank
-runs in a forked copy of it), the ``spawn`` method, never ``fork``. A rank may have initialised CUDA, a
-gloo or NCCL process group and their threads by the time it builds a loader, and a forked copy of such a
-process inherits locks held by threads that do not exist in it, and a CUDA context it cannot use.
-``forkserver`` would avoid that too, but its server is one per process that outlives every loader (and
-forks workers from a copy of the rank's ``__main__``, imported once more); multiprocessing's own ``spawn``
-re-imports the rank's ``__main__`` in every worker and starts a resource-tracker process that outlives
-``close()``. Starting the interpreter ourselves gives exactly ``k`` children, gone when ``close()`` returns.
-A worker imports torch (it takes a few seconds), so workers start once per :class:`TransformWorkers` and
+How workers start: the rank is never forked. A rank may have initialised CUDA, a gloo or NCCL process group
+and their threads by the time it builds a loader, and a forked copy of such a process inherits locks held by
+threads that do not exist in it, and a CUDA context it cannot use. So the rank starts one fresh interpreter
+(``subprocess``, which execs at once: no Python code of the rank runs in a forked copy of it). That
+interpreter, worker 0, imports torch, forks the other ``k - 1`` workers from itself (it has no CUDA, process
+group or thread of the rank's), and transforms batches too; the workers share the pages of one torch import
+instead of holding a copy each (:mod:`.transform_process`). ``forkserver`` is the same idea, but its server
+is one per process that outlives every loader (and forks workers from a copy of the rank's ``__main__``,
+imported once more); multiprocessing's own ``spawn`` re-imports the rank's ``__main__`` in every worker and
+starts a resource-tracker process that outlives ``close()``. Here there are exactly ``k`` workers, gone when
+``close()`` returns. Importing torch takes seconds, so workers start once per :class:`TransformWorkers` and
 serve every epoch.
 
 Randomness: before each batch, the worker seeds ``random``, ``numpy.random`` and torch's CPU generator from
@@ -46,7 +48,7 @@ from multiprocessing.connection import wait as _wait_any
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import DatasetError
-from .transform_process import BOOT, apply, batch_seed, encode, recv, send
+from .transform_process import BOOT, apply, batch_seed, encode, forked_exit_code, recv, send
 
 __all__ = ["TransformWorkers", "TransformError", "TransformPickleError", "transformed", "batch_seed"]
 
@@ -141,8 +143,9 @@ class TransformWorkers:
         self._run = 0  # the current map() call; answers for an earlier, abandoned one are dropped
         self._closed = False
         self._broken: Optional[TransformError] = None
-        self._procs: List[subprocess.Popen] = []
+        self._procs: List[subprocess.Popen] = []  # worker 0, which forks and reaps the others
         self._socks: List[socket.socket] = []
+        self._pids: List[Optional[int]] = []  # each worker's, once its first message is read
         # Per worker, (run, index, epoch) of each batch sent and not yet answered, in the order sent: a
         # worker answers in that order.
         self._sent: List[Deque[Tuple[int, int, int]]] = []
@@ -150,9 +153,8 @@ class TransformWorkers:
         if workers:
             payload = encode(self._pickled(fn, collate))
             try:
-                for _ in range(workers):
-                    self._start_worker()
-                for sock in self._socks:  # after every start, so the interpreters start side by side
+                self._start_workers(workers)
+                for sock in self._socks:
                     send(sock, payload)
             except BaseException:
                 self.close()
@@ -170,28 +172,47 @@ class TransformWorkers:
                 "file, a lock, a client) inside the function on first use, or pass workers=0 to run the "
                 "transform in the training process", self.dataset) from exc
 
-    def _start_worker(self) -> None:
-        mine, theirs = socket.socketpair()
+    def _start_workers(self, workers: int) -> None:
+        pairs = [socket.socketpair() for _ in range(workers)]
+        theirs = [pair[1] for pair in pairs]
         try:
             # The kernel's parent-death signal follows the creating thread: only ask for it from the main one.
             on_main = threading.current_thread() is threading.main_thread()
+            fds = [sock.fileno() for sock in theirs]
             proc = subprocess.Popen(
-                [sys.executable, "-c", BOOT, str(theirs.fileno()), str(os.getpid()), "1" if on_main else "0",
+                [sys.executable, "-c", BOOT, ",".join(map(str, fds)), str(os.getpid()), "1" if on_main else "0",
                  json.dumps([str(p) for p in sys.path])],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                pass_fds=fds, stdin=subprocess.DEVNULL)
         except BaseException:
-            mine.close()
+            for mine, _ in pairs:
+                mine.close()
             raise
         finally:
-            theirs.close()
+            for sock in theirs:
+                sock.close()
         self._procs.append(proc)
-        self._socks.append(mine)
-        self._sent.append(deque())
+        for mine, _ in pairs:
+            self._socks.append(mine)
+            self._sent.append(deque())
+            self._pids.append(None)
+
+    def _pid(self, w: int) -> Optional[int]:
+        """Worker ``w``'s process id: the first message on its socket, read here if it has not been yet (it
+        comes before any answer). None when the worker died before sending it."""
+        if self._pids[w] is None:
+            try:
+                _, self._pids[w] = recv(self._socks[w])
+            except (EOFError, OSError):
+                return None
+        return self._pids[w]
 
     @property
     def pids(self) -> List[int]:
-        """The worker processes' ids (empty with ``workers=0`` or once closed)."""
-        return [p.pid for p in self._procs]
+        """The worker processes' ids (empty with ``workers=0`` or once closed); waits for workers still
+        starting."""
+        if self._closed:
+            return []
+        return [pid for pid in map(self._pid, range(len(self._socks))) if pid is not None]
 
     def map(self, batches: Iterable[Any], *, epoch: int, start: int = 0) -> Iterator[Any]:
         """The transformed ``batches`` of ``epoch``, in their order; the first is batch ``start`` of the epoch
@@ -294,6 +315,10 @@ class TransformWorkers:
         busy = [self._socks[w] for w in range(self.workers) if self._sent[w]]
         for sock in _wait_any(busy):
             w = self._socks.index(sock)
+            if self._pids[w] is None:  # the worker's first message, its pid; answers follow
+                if self._pid(w) is None:
+                    self._lost(w)
+                continue
             try:
                 kind, answer_run, index, *rest = recv(sock)
             except (EOFError, OSError):
@@ -306,15 +331,19 @@ class TransformWorkers:
                 done[index] = rest[0]
             else:
                 summary, tb = rest
-                raise self._error(epoch, index, summary, tb, f"in worker process {self._procs[w].pid}")
+                raise self._error(epoch, index, summary, tb, f"in worker process {self._pids[w]}")
 
     def _lost(self, w: int) -> None:
         """Worker ``w`` closed its socket: it died. Close the pool and raise :class:`TransformError`."""
-        proc = self._procs[w]
-        try:
-            code = proc.wait(_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            code = None
+        pid, code = self._pid(w), None
+        if w == 0 or self._procs[0].poll() is not None:  # worker 0, or a worker that died with it
+            pid = self._procs[0].pid
+            try:
+                code = self._procs[0].wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        elif pid is not None:
+            code = forked_exit_code(pid, _STOP_GRACE_S)
         if code is None:
             how = "closed its connection"
         elif code < 0:
@@ -323,7 +352,7 @@ class TransformWorkers:
             how = f"exited with code {code}"
         run, index, epoch = self._sent[w][0] if self._sent[w] else (None, None, None)
         doing = f" while transforming batch {index} of epoch {epoch}" if index is not None else ""
-        self._broken = TransformError(f"dataset {self.dataset!r}: transform worker process {proc.pid} {how}{doing}; "
+        self._broken = TransformError(f"dataset {self.dataset!r}: transform worker process {pid} {how}{doing}; "
                                       "its output above may say why", self.dataset, epoch, index)
         self.close()
         raise self._broken

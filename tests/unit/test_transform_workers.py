@@ -279,13 +279,24 @@ def test_no_worker_outlives_close_or_garbage_collection():
     assert not pids & children() and not any(alive(p) for p in pids)
 
 
-def test_worker_that_dies_is_a_transform_error():
+def test_one_interpreter_is_started_and_forks_the_other_workers():
+    with TransformWorkers(lambda b: {"pid": torch.tensor(os.getpid())}, workers=3, dataset="forked") as workers:
+        first, *forked = workers.pids
+        assert psutil.Process(first).ppid() == os.getpid() and len(forked) == 2  # the rank starts one
+        assert [psutil.Process(pid).ppid() for pid in forked] == [first, first]  # which forks the others
+        answered = {int(b["pid"]) for b in workers.map([{}] * 6, epoch=0)}
+        assert answered == {first, *forked}  # and every one of them transforms batches
+
+
+# With two workers, batch 1 goes to the forked one: its exit code reaches the rank too.
+@pytest.mark.parametrize("k", [1, 2])
+def test_worker_that_dies_is_a_transform_error(k):
     def fn(batch):
         if batch["i"] == 1:
             os._exit(3)
         return {"i": torch.tensor(batch["i"])}
 
-    workers = TransformWorkers(fn, workers=1, dataset="dying")
+    workers = TransformWorkers(fn, workers=k, dataset="dying")
     pids = set(workers.pids)
     with pytest.raises(TransformError, match=r"exited with code 3 while transforming batch 1 of epoch 0"):
         list(workers.map([{"i": i} for i in range(4)], epoch=0))
