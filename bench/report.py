@@ -618,8 +618,9 @@ SECTIONS = [
         "30,000 made-up sentences, a BPE tokenizer trained on the fly with `tokenizers`, a transform that "
         "encodes, pads and stacks; against the same transform in a plain loop over the strings in memory.",
         "Goals (#40): >= 2x Petastorm, >= 1x Mosaic, >= 85% of the ceiling; memory growth < 512 MiB whatever "
-        "the size. Other tests shared this machine's 2 cores during these runs (the load average row); in an "
-        "earlier run at a load of 4-7 single rounds moved by up to 3x, so read the ratios as rough."], images_section),
+        "the size. The ways load the 2 cores themselves (the load average row), and the ceiling's own rounds "
+        "move by up to 40% from one to the next, so read the ratios as rough. Petastorm's process pool already "
+        "reaches 79-104% of the ceiling here: 2x Petastorm would be above it."], images_section),
     ("inference", "Batch inference: predict_batch_udf against PySpark's", [
         "`local[2]`, each DataFrame cached in memory, each run `df.select(udf(col)).write.format(\"noop\")`; "
         "PySpark's `pyspark.ml.functions.predict_batch_udf` and spark_dist's with the same `make_predict_fn`, "
