@@ -53,7 +53,9 @@ class Coordinator:
                  on_progress: Optional[Callable[[tuple], None]] = None,
                  resize_check: Optional[Callable[[List[TaskInfo]], Optional[str]]] = None):
         self.store, self.config, self.spec, self.backend = store, config, spec, backend
-        self.job_ended = job_ended or self.all_ranks_ended
+        # Not a bound method of self: a coordinator in a cycle lives until the cyclic GC runs, and with it the
+        # store it holds, which the first task hosts under Spark Connect (its port must be free at its end).
+        self._job_ended = job_ended
         self.cancel, self.on_report, self.on_progress = cancel, on_report, on_progress
         self.deadline, self.host, self.bind_address = deadline, host, bind_address or host
         # Read whatever log_ranks says: the supervisors publish only the lines someone shows (relay_output).
@@ -88,7 +90,8 @@ class Coordinator:
         started = time.monotonic()
         rendezvous_deadline = started + self.config.rendezvous_timeout
         poll = 0.002
-        while not poll_until(poll) and not self.job_ended():
+        job_ended = self._job_ended or self.all_ranks_ended
+        while not poll_until(poll) and not job_ended():
             now = time.monotonic()
             if not assigned and abort_at is None:
                 # Warm Python workers arrive within ~0.2 s: look every 2 ms then. Cold ones import torch first

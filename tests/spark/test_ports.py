@@ -6,7 +6,6 @@ the configured port, and one through Spark Connect shows the client draws from i
 import os
 import random
 import socket
-import time
 
 import pytest
 
@@ -153,26 +152,14 @@ def test_a_taken_store_port_fails_before_any_job(spark_local):
         assert len(tracker.getJobIdsForGroup(None)) == jobs_before
 
 
-def listener_once_free(host, port, within=30.0):
-    """``bind_listener(host, port)`` as soon as nothing else holds the port (within ``within`` seconds)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return bind_listener(host, port)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def test_connect_hosts_the_store_on_the_configured_port(spark_connect):
     first = free_ports(1)
     with session_conf(spark_connect, CONF_STORE_PORT, str(first)):
         out = Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)
         assert {v["env"]["MASTER_PORT"] for v in out["views"]} == {str(first)}
-        # The first task closes the run's store as it ends, which can be just after run() returned (under load,
-        # seconds after): the port is taken here once that task let it go.
-        with listener_once_free("127.0.0.1", first):  # the first task's executor runs on this machine
+        # The first task closed the run's store before its task ended, so before run() returned: a run started
+        # at once on the same port finds it free, and here it is taken by something else instead.
+        with bind_listener("127.0.0.1", first):  # the first task's executor runs on this machine
             with pytest.raises(ConfigError, match=rf"spark\.dist\.storePort={first}: port {first} is taken on "
                                                   r"127\.0\.0\.1 .*no redraw can help"):
                 Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)

@@ -55,3 +55,27 @@ def test_forged_counters_cost_a_request_not_a_loop(coordinator):
     before = counted.requests
     assert watch.seen().failures == ()
     assert counted.requests - before < 3000 + 20  # one pop a forged record, as any forged value costs
+
+
+def test_the_first_tasks_store_closes_as_soon_as_its_coordinator_is_dropped():
+    # Under Spark Connect the first task hosts the store; a run started right after on the same fixed
+    # spark.dist.storePort needs that port free once the task is done, not once the cyclic GC next runs.
+    import gc
+    import weakref
+
+    from spark_dist.wire.signed_store import bind_listener
+
+    server, port = host_store("127.0.0.1", 10.0)
+    config = RunConfig.build(num_processes=2, run_id="port", spark_conf={})
+    spec = LaunchSpec(run_id="port", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
+                      secret=b"s" * 32)
+    watch = Coordinator(SignedStore(server, spec.secret, spec.prefix), config, spec, Backend(), job_ended=None,
+                        cancel=lambda: None, on_report=lambda r: None, deadline=None, host="127.0.0.1")
+    gone = weakref.ref(watch)
+    gc.disable()
+    try:
+        del watch, server
+        assert gone() is None  # freed by its reference count: nothing of it refers back to it
+        bind_listener("127.0.0.1", port).close()  # the port is free at once
+    finally:
+        gc.enable()
