@@ -25,16 +25,21 @@ def test_a_rendezvous_of_many_tasks_costs_a_few_requests_per_task():
     assert result["driver_requests"] <= n + 100
 
 
+def first_task_coordinator(server, port: int, run_id: str) -> Coordinator:
+    """A coordinator of a 2-rank run as the first task runs it (no Spark job to wait for), on ``server``."""
+    config = RunConfig.build(num_processes=2, run_id=run_id, spark_conf={})
+    spec = LaunchSpec(run_id=run_id, attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
+                      secret=b"s" * 32)
+    return Coordinator(SignedStore(server, spec.secret, spec.prefix), config, spec, Backend(), job_ended=None,
+                       cancel=lambda: None, on_report=lambda r: None, deadline=None, host="127.0.0.1")
+
+
 @pytest.fixture
 def coordinator():
     server, port = host_store("127.0.0.1", 10.0)
     counted = Counting(server)
-    config = RunConfig.build(num_processes=2, run_id="forged", spark_conf={})
-    spec = LaunchSpec(run_id="forged", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
-                      secret=b"s" * 32)
-    ours = SignedStore(counted, spec.secret, spec.prefix)
-    watch = Coordinator(ours, config, spec, Backend(), job_ended=None, cancel=lambda: None,
-                        on_report=lambda r: None, deadline=None, host="127.0.0.1")
+    watch = first_task_coordinator(counted, port, "forged")
+    ours = watch.store
     stranger = join_store("127.0.0.1", port, 10.0)  # reaches the port, lacks the secret
     yield watch, counted, stranger, ours
 
@@ -66,11 +71,7 @@ def test_the_first_tasks_store_closes_as_soon_as_its_coordinator_is_dropped():
     from spark_dist.wire.signed_store import bind_listener
 
     server, port = host_store("127.0.0.1", 10.0)
-    config = RunConfig.build(num_processes=2, run_id="port", spark_conf={})
-    spec = LaunchSpec(run_id="port", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
-                      secret=b"s" * 32)
-    watch = Coordinator(SignedStore(server, spec.secret, spec.prefix), config, spec, Backend(), job_ended=None,
-                        cancel=lambda: None, on_report=lambda r: None, deadline=None, host="127.0.0.1")
+    watch = first_task_coordinator(server, port, "port")
     gone = weakref.ref(watch)
     gc.disable()
     try:
