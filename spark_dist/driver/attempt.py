@@ -86,6 +86,8 @@ class Attempt:
         self.deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
         self.tag = f"spark_dist-{config.run_id}-{attempt}"
         self.store_in_task = not config.local_mode and session.is_connect(spark)
+        # A tuning study's trial runs on its lane (a barrier job serving run after run), not a job of its own.
+        self.lane = None if self.store_in_task or config.local_mode else getattr(owner, "_lane", None)
         self._listener = None
         host, port = "", 0
         if not self.store_in_task:
@@ -110,7 +112,10 @@ class Attempt:
 
     # -- the job ---------------------------------------------------------------------------------------------
     def _collect(self, spec: LaunchSpec, host_store) -> List[Any]:
-        """Run the barrier stage under the attempt's tag and description; every task's records."""
+        """Run the barrier stage under the attempt's tag and description (or serve the attempt on its lane);
+        every task's records."""
+        if self.lane is not None:
+            return self.lane.collect(spec)
         n = self.config.num_tasks
         task = functools.partial(run_partition, spec, host_store)
         frame = self.spark.range(0, n, 1, n).mapInArrow(task, session.RECORDS_SCHEMA, barrier=True)
@@ -118,7 +123,9 @@ class Attempt:
             return session.collect_records(frame)
 
     def _cancel(self) -> None:
-        if not self.config.local_mode:
+        if self.lane is not None:
+            self.lane.cancel()
+        elif not self.config.local_mode:
             session.cancel(self.spark, self.tag)
 
     def _start(self, target) -> tuple:

@@ -91,6 +91,7 @@ class Distributor:
         self.last_run_id: Optional[str] = None
         self.checkpoints: List[Dict[str, Any]] = []  # the last run's sharded checkpoints kept, as rank 0 told
         self._checkpoints_kept = True
+        self._lane = None  # a tuning trial's LaneHandle (spark_dist.driver.lanes): its attempts run there
 
     # ----------------------------------------------------------------------------------------------------
     def run(self, train_object, *args, datasets: Optional[Dict[str, Any]] = None, **kwargs):
@@ -178,7 +179,9 @@ class Distributor:
             self._attempt_started(config, attempt, size, previous_size, ended)
             sized = config if size == config.num_processes else dataclasses.replace(config, num_processes=size)
             # no eviction of these caches while the ranks read them; the job only once its slots are free
-            with cache.kept(handles), slots.held(spark, sized.num_tasks, config.local_mode) as queued:
+            # A trial on a lane runs in slots its lane holds.
+            with cache.kept(handles), slots.held(spark, sized.num_tasks,
+                                                 config.local_mode or self._lane is not None) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time
                 remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).

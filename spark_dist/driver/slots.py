@@ -49,6 +49,11 @@ class SlotLedger:
             self.held += needed
         return time.monotonic() - started
 
+    def waiting(self) -> bool:
+        """Whether a run of this process waits for slots."""
+        with self._cond:
+            return bool(self._queue)
+
     def release(self, needed: int) -> None:
         with self._cond:
             self.held -= needed

@@ -2,7 +2,9 @@
 
 The driver runs Optuna's own ``study.optimize`` with ``n_jobs`` threads, one trial each; every trial's
 objective is wrapped so that what it returns (the training of that trial) runs as a
-:class:`~spark_dist.tune.trial_run.TrialRun` of ``num_processes`` ranks. Optuna keeps doing what it does: the
+:class:`~spark_dist.tune.trial_run.TrialRun` of ``num_processes`` ranks. On a classic session the trials run
+on lanes (:mod:`spark_dist.driver.lanes`): one long-lived barrier job per trial running at once, whose tasks
+fork each trial's ranks, so that a trial starts without a Spark job of its own. Optuna keeps doing what it does: the
 sampler, the pruner, ``timeout``, ``callbacks`` (``study.stop()`` in one ends the study), heartbeats and stale
 trials of an RDB storage, the trial states. The threads never ask for more slots than the cluster has
 (``n_jobs`` is the slot count over the tasks of one trial, or ``max_concurrent``); each run also takes its
@@ -11,6 +13,7 @@ failed.
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
 import threading
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence
@@ -18,6 +21,8 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 from ..config import RunConfig
 from ..data import cache
 from ..driver import distributor as driver
+from ..driver.lanes import LanePool
+from ..spark import session
 from ..errors import ConfigError, RunTimeoutError, TrainingFailedError
 from .mlflow_runs import StudyRuns
 from .objective import training_of, values_of
@@ -90,6 +95,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
         raise ConfigError("local_mode=False needs an active SparkSession (or pass spark=, or local_mode=True)")
     n_jobs = _concurrency(spark, run_args, max_concurrent, n_trials)
     handles = cache.handles_for_run(spark, datasets, num_processes) if datasets else {}
+    pool = _lane_pool(spark, run_args, n_jobs)
     runs = StudyRuns(study, {"n_trials": n_trials, "num_processes": num_processes, "metric": metric,
                              "max_concurrent": n_jobs, "direction": ",".join(d.name for d in study.directions)})
     live: set = set()
@@ -101,18 +107,21 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
             spec = objective(trial)
             log.params()
             train_object, args, kwargs = training_of(spec, trial.number)
-            run = TrialRun(trial, metric, verbose=verbose, spark=spark, **run_args)
-            with state["lock"]:
-                if state["stopping"]:
-                    raise Stopped(f"trial {trial.number}: the study was interrupted")
-                live.add(run)
-            try:
-                result = run.run(train_object, *args, datasets=handles or None, **kwargs)
-            finally:
+            with pool.lane() if pool is not None else contextlib.nullcontext() as lane:
+                run = TrialRun(trial, metric, lane=lane, verbose=verbose, spark=spark, **run_args)
                 with state["lock"]:
-                    live.discard(run)
-                if run.last_run_id is not None:
-                    trial.set_user_attr("spark_dist_run_id", run.last_run_id)
+                    if state["stopping"]:
+                        raise Stopped(f"trial {trial.number}: the study was interrupted")
+                    live.add(run)
+                try:
+                    result = run.run(train_object, *args, datasets=handles or None, **kwargs)
+                finally:
+                    with state["lock"]:
+                        live.discard(run)
+                    if run.last_run_id is not None:
+                        trial.set_user_attr("spark_dist_run_id", run.last_run_id)
+                    if lane is not None:  # the Spark job group of the lane that served the trial
+                        trial.set_user_attr("spark_dist_lane", lane.current.tag)
             try:
                 values = values_of(result, run.last_value, metric, len(study.directions), trial.number)
             except ValueError as exc:
@@ -136,9 +145,11 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
             _run_interruptibly(
                 lambda: study.optimize(run_trial, n_trials=n_trials, timeout=timeout, n_jobs=n_jobs, catch=catch,
                                        callbacks=callbacks),
-                lambda: _stop_all(state, live, spark))
+                lambda: _stop_all(state, live, spark, pool))
             failed = False
         finally:
+            if pool is not None:
+                pool.close()
             runs.end(study, failed=failed)
     return study
 
@@ -169,12 +180,26 @@ def _run_interruptibly(call: Callable[[], None], stop: Callable[[], None]) -> No
         raise errors[0]
 
 
-def _stop_all(state, live, spark) -> None:
+def _stop_all(state, live, spark, pool) -> None:
     with state["lock"]:
         state["stopping"] = True
         running = list(live)
     for run in running:
         run.stop(spark)
+    if pool is not None:
+        pool.cancel_all()
+
+
+def _lane_pool(spark, run_args: Dict[str, Any], n_jobs: int) -> Optional[LanePool]:
+    """The study's lanes (:mod:`spark_dist.driver.lanes`): on a classic session, where the executors reach a
+    store on the driver; ``None`` (each trial a job of its own) in local mode, under Spark Connect, and where
+    ``spark.dist.storePort`` leaves too few ports for a store per lane besides one per running trial."""
+    if run_args["local_mode"] or session.is_connect(spark):
+        return None
+    config = RunConfig.build(spark_conf=driver._spark_conf(spark), **run_args)
+    if config.store_ports is not None and config.store_ports[1] - config.store_ports[0] + 1 < 2 * n_jobs:
+        return None
+    return LanePool(spark, config)
 
 
 def _concurrency(spark, run_args: Dict[str, Any], max_concurrent: Optional[int], n_trials: Optional[int]) -> int:

@@ -4,7 +4,8 @@ study's metric reach ``trial.report`` and the pruner.
 A pruned trial's run ends the way a run the caller gave up on ends: :class:`optuna.TrialPruned` raised from the
 report hook leaves the attempt's watch loop, which aborts the ranks through the store; their tasks return and
 the job ends (it is cancelled only if a task does not return in time) before the exception goes on to Optuna,
-which records ``PRUNED``. The slots are free once the job has ended. Under Spark Connect the reports reach the
+which records ``PRUNED``. The slots are free once the job has ended. A trial on a lane
+(:mod:`spark_dist.driver.lanes`) ends the same way, its lane's tasks then free for the next trial. Under Spark Connect the reports reach the
 client with the job's end, so there a trial is judged by the pruner only once its run is over (no job is cut
 short).
 """
@@ -30,12 +31,15 @@ class TrialRun(Distributor):
     Args:
         trial: the ``optuna.Trial`` this run is.
         metric: the report key fed to ``trial.report`` (``None``: no pruning, values from the return value).
+        lane: the :class:`~spark_dist.driver.lanes.LaneHandle` whose tasks serve this run (``None``: each
+            attempt is a barrier job of its own).
         distributor_args: the Distributor's own arguments.
     """
 
-    def __init__(self, trial, metric: Optional[str], **distributor_args):
+    def __init__(self, trial, metric: Optional[str], lane=None, **distributor_args):
         super().__init__(**distributor_args)
         self.trial, self.metric = trial, metric
+        self._lane = lane  # its attempts run on this lane (spark_dist.driver.lanes); None: jobs of their own
         self.steps: List[int] = []  # the steps reported to the trial, in order
         self.last_value: Optional[float] = None
         self.pruned_at: Optional[int] = None
@@ -73,6 +77,9 @@ class TrialRun(Distributor):
         self._stop.set()
         run_id = self.last_run_id
         if run_id is None or spark is None or self._args["local_mode"]:
+            return
+        if self._lane is not None:
+            self._lane.cancel()
             return
         for attempt in range(self._args["max_retries"] + 1):
             try:

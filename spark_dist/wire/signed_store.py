@@ -131,6 +131,10 @@ class SignedStore:
         """``put`` for each name, in one round trip."""
         self.raw.multi_set([self.key(n) for n in values], [self._signed(n, v) for n, v in values.items()])
 
+    def delete(self, name: str) -> None:
+        """Forget ``name`` (absent already is fine)."""
+        self.raw.delete_key(self.key(name))
+
     def counter(self, name: str, increment: int = 1) -> int:
         """An unsigned counter: anyone who reaches the store can set it to anything, so callers use it only
         as a hint (whether to look) and never as a count of work to do."""
@@ -200,14 +204,17 @@ def host_store(host: str, timeout: float, listener: Optional[socket.socket] = No
 
     listener = listener or bind_listener(host)
     port = listener.getsockname()[1]
-    # This process's own client connects to where the server listens (loopback for a wildcard bind).
-    own = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     store = TCPStore(
-        own, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+        own_address(host), port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
         master_listen_fd=listener.fileno(),
     )
     listener.detach()
     return store, port
+
+
+def own_address(bind_host: str) -> str:
+    """Where this process's own clients reach a server it binds on ``bind_host`` (loopback for a wildcard)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
 
 
 def join_store(host: str, port: int, timeout: float):

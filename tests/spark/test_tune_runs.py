@@ -102,10 +102,12 @@ def test_a_pruned_trials_ranks_are_stopped_and_its_slots_freed_for_the_next_in_w
     assert [(t.state.name, t.value) for t in done] == [("COMPLETE", 1.0), ("COMPLETE", 2.0)]
     pids = [int(p.read_text()) for p in tmp_path.glob("x50-rank*.pid")]
     assert len(pids) == 2 and still_running_after(pids) == []
-    # The pruned trial's tasks returned once their ranks were stopped (the job was not cancelled, which would
-    # kill its tasks' Python workers): the next trial's ranks were forked from the same, warm, workers.
+    # The pruned trial's ranks were stopped through its store and its lane's tasks went on serving (a cancelled
+    # job would have killed them with their Python workers): the next trials' ranks were forked from the same,
+    # warm, workers, all three trials served by one barrier job, which ended with the study.
     sc = spark_local.sparkContext
-    [job] = sc.statusTracker().getJobIdsForGroup(f"spark_dist-{pruned.user_attrs['spark_dist_run_id']}-0")
+    [lane] = {t.user_attrs["spark_dist_lane"] for t in study.trials}
+    [job] = sc.statusTracker().getJobIdsForGroup(lane)
     assert sc.statusTracker().getJobInfo(job).status == "SUCCEEDED"
     assert sc.statusTracker().getActiveJobsIds() == []
     workers = {x: {p.read_text() for p in tmp_path.glob(f"x{x}-rank*.worker")} for x in (50, 1)}

@@ -1,0 +1,259 @@
+"""Lanes: long-lived barrier jobs that serve one run after another, so that a tuning study's trial costs a fork
+of warm ranks instead of a Spark job (what Ray Tune's ``reuse_actors`` does for its trials).
+
+A :class:`LanePool` starts at most as many lanes as trials run at once, each a barrier job of one trial's
+tasks that holds its slots (:mod:`spark_dist.driver.slots`) from its start to its close; a lane between two
+trials closes instead when another run of this process waits for slots, so such a run waits for one trial, not
+for the study. A trial borrows a lane
+for its whole run (:meth:`LanePool.lane`); its :class:`~spark_dist.driver.attempt.Attempt` then posts the
+attempt's :class:`~spark_dist.wire.protocol.LaunchSpec` to the lane instead of submitting a job, and the lane's
+tasks serve it as a run's own tasks would (:mod:`spark_dist.task.lane`). Everything else of the attempt is its
+own: store, secret, ports, coordinator, checkpoints, abort. A run stopped through its store (a pruned trial)
+leaves the lane serving; a run whose job must be cancelled (a silent host, a timeout, Ctrl-C) cancels the
+lane's job, and the next attempt gets a new lane.
+
+Lanes need a store the executors reach on the driver: a classic session. Under Spark Connect and in local mode
+each trial is a run of its own (no pool).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+import uuid
+from typing import Any, Iterator, List, Optional
+
+from ..config import CONF_STORE_PORT, RunConfig
+from ..spark import session
+from ..task.lane import run_lane_partition
+from ..wire.lanes import LaneFailure, LaneSpec, records_key, run_key
+from ..wire.protocol import LaunchSpec
+from ..wire.signed_store import SignedStore, bind_in_range, host_store, join_store, own_address
+from . import slots
+
+_RECORDS_WAIT_S = 3600.0  # one wait for a task's records (a lost job wakes it: see Lane._wake)
+_CLOSE_WAIT_S = 30.0  # how long a closing lane's tasks may take to return before its job is cancelled
+
+
+class LaneLost(RuntimeError):
+    """The lane's job ended (cancelled, an executor lost) or one of its tasks could not serve the run."""
+
+
+class Lane:
+    """One barrier job of ``config.num_tasks`` tasks serving runs in turn (see the module docstring)."""
+
+    def __init__(self, spark, config: RunConfig, lane_id: str):
+        self.spark, self.config = spark, config
+        self.tag = f"spark_dist-lane-{lane_id}"
+        listener = bind_in_range(config.bind_address, config.store_ports, CONF_STORE_PORT)
+        self.spec = LaneSpec(lane_id, config.driver_host, listener.getsockname()[1], os.urandom(32),
+                             config.use_gpu, config.processes_per_task, config.rendezvous_timeout)
+        try:
+            server, _ = host_store(config.bind_address, config.rendezvous_timeout, listener)
+        except BaseException:
+            listener.close()
+            raise
+        self._store: Optional[SignedStore] = SignedStore(server, self.spec.secret, self.spec.prefix)
+        # A second client, for _wake: a TCPStore client runs one request at a time, and collect's holds it.
+        self._waker = SignedStore(join_store(own_address(config.bind_address), self.spec.store_port, 30.0),
+                                  self.spec.secret, self.spec.prefix)
+        self._posted = 0  # runs posted so far: the next one's number
+        self._serving: Optional[int] = None  # the number of the run being served
+        self._lock = threading.Lock()  # one run at a time
+        self._ended = threading.Event()
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._job, name=self.tag, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._ended.is_set() and self._store is not None
+
+    def _job(self) -> None:
+        try:
+            n = self.config.num_tasks
+            frame = self.spark.range(0, n, 1, n).mapInArrow(
+                functools.partial(run_lane_partition, self.spec), session.RECORDS_SCHEMA, barrier=True)
+            description = (f"spark_dist lane {self.spec.lane_id}: trials of {self.config.num_processes} ranks, "
+                           f"{self.config.backend}{', GPU' if self.config.use_gpu else ''}")
+            with session.job_scope(self.spark, self.tag, description):
+                session.collect_records(frame)
+        except BaseException as exc:  # noqa: BLE001 -- the lane is lost; the run it served says why
+            self.error = exc
+        finally:
+            self._ended.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        """The job has ended: wake the run being served (``collect`` waits on its tasks' records keys) with a
+        :class:`LaneFailure` where a task's records never came. ``collect`` sets ``_serving`` before it reads
+        ``_ended``, and this reads ``_serving`` after setting ``_ended``: one of the two sees the other."""
+        number, store = self._serving, self._waker
+        if number is None or store is None:
+            return
+        for partition in range(self.config.num_tasks):
+            key = records_key(number, partition)
+            with contextlib.suppress(Exception):
+                if not store.has(key):
+                    store.put(key, [LaneFailure(partition, f"the lane's Spark job ended: {self._why()}")])
+
+    def _why(self) -> str:
+        """The job's error, as its first lines say it (a Py4J error's repr names no cause)."""
+        text = str(self.error or "").strip()
+        return "\n".join(text.splitlines()[:3])[:1000] or "no error"
+
+    def collect(self, spec: LaunchSpec) -> List[Any]:
+        """Serve the attempt ``spec`` on this lane: every task's records, in partition order, as a run's own
+        job returns them.
+
+        Raises:
+            LaneLost: the lane's job ended (or a task could not serve the run) before every task's records came.
+        """
+        with self._lock:
+            number, store = self._posted, self._store
+            self._serving = number
+            if not self.alive:
+                raise LaneLost(f"lane {self.spec.lane_id} has ended: {self._why()}")
+            self._posted += 1
+            store.put(run_key(number), spec)
+            records: List[Any] = []
+            try:
+                for partition in range(self.config.num_tasks):
+                    got = store.wait_for(records_key(number, partition), _RECORDS_WAIT_S)
+                    failure = next((r for r in got if isinstance(r, LaneFailure)), None)
+                    if failure is not None:
+                        raise LaneLost(f"lane {self.spec.lane_id}: task {failure.partition} could not serve run "
+                                       f"{spec.run_id}: {failure.error}")
+                    records.extend(got)
+            finally:
+                self._serving = None
+                for key in [run_key(number)] + [records_key(number, p) for p in range(self.config.num_tasks)]:
+                    try:
+                        store.delete(key)
+                    except Exception:  # noqa: BLE001 -- a lane going down: its store goes with it
+                        pass
+            return records
+
+    def cancel(self) -> None:
+        """Cancel the lane's job: its tasks and the ranks they serve end now; the lane is lost."""
+        with contextlib.suppress(Exception):  # a session going down with an interrupt
+            session.cancel(self.spark, self.tag)
+
+    def close(self) -> None:
+        """Let the tasks return (cancelling the job if they do not in time), then close the lane's store."""
+        if not self._ended.is_set() and self._store is not None:
+            try:
+                self._store.put(run_key(self._posted), None)  # no run is posted any more: ``_lock`` is free
+            except Exception:  # noqa: BLE001 -- the tasks end once the store is gone
+                pass
+            if not self._ended.wait(_CLOSE_WAIT_S):
+                self.cancel()
+        self._thread.join(_CLOSE_WAIT_S)
+        self._store = self._waker = None  # the last references: the store's server stops, its port closes
+
+
+class LanePool:
+    """The lanes of one study: at most one per trial running at once, started on first need, replaced when
+    lost, all closed by :meth:`close`.
+
+    Args:
+        spark: a classic SparkSession.
+        config: one trial's settings (its ``num_tasks``, GPUs, ports and addresses).
+    """
+
+    def __init__(self, spark, config: RunConfig):
+        self.spark, self.config = spark, config
+        self.pool_id = uuid.uuid4().hex[:12]  # its lanes are <pool_id>-1, -2, ... in the order started
+        self._free: List[Lane] = []
+        self._open: List[Lane] = []
+        self._started = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def lane(self) -> Iterator["LaneHandle"]:
+        """A lane for one trial's run, given back after it."""
+        handle = LaneHandle(self, self._take())
+        try:
+            yield handle
+        finally:
+            self._give(handle.current)
+
+    def _take(self) -> Lane:
+        with self._lock:
+            while self._free:
+                lane = self._free.pop()
+                if lane.alive:
+                    return lane
+                self._retire(lane)
+        return self._start()
+
+    def _start(self) -> Lane:
+        ledger = slots.ledger_for(self.spark)
+        ledger.acquire(self.config.num_tasks)  # held for the lane's life: other runs of this process wait
+        try:
+            with self._lock:
+                if self._closed:
+                    raise LaneLost("the study's lanes are closed")
+                self._started += 1
+                lane = Lane(self.spark, self.config, f"{self.pool_id}-{self._started}")
+                self._open.append(lane)
+                return lane
+        except BaseException:
+            ledger.release(self.config.num_tasks)
+            raise
+
+    def _give(self, lane: Lane) -> None:
+        """Keep the lane for the next trial, unless it is lost, the pool closed, or a run of this process waits
+        for slots: an idle lane would hold them from it until the study ends, so it yields them."""
+        with self._lock:
+            if lane.alive and not self._closed and not slots.ledger_for(self.spark).waiting():
+                self._free.append(lane)
+                return
+            self._retire(lane)
+
+    def replace(self, lane: Lane) -> Lane:
+        """A live lane for the next attempt of a run whose lane was lost."""
+        with self._lock:
+            self._retire(lane)
+        return self._start()
+
+    def _retire(self, lane: Lane) -> None:  # under self._lock
+        if lane in self._open:
+            self._open.remove(lane)
+            lane.close()
+            slots.ledger_for(self.spark).release(self.config.num_tasks)
+
+    def cancel_all(self) -> None:
+        """Cancel every lane's job (Ctrl-C on the driver): their ranks end now."""
+        for lane in list(self._open):
+            lane.cancel()
+
+    def close(self) -> None:
+        """Close every lane (their tasks return, their slots are given back)."""
+        with self._lock:
+            self._closed = True
+            self._free.clear()
+            for lane in list(self._open):
+                self._retire(lane)
+
+
+class LaneHandle:
+    """A trial's lane, as its attempts use it (``collect``, ``cancel``); an attempt after a lost lane runs on a
+    new one."""
+
+    def __init__(self, pool: LanePool, lane: Lane):
+        self.pool, self.current = pool, lane
+
+    @property
+    def num_tasks(self) -> int:
+        return self.pool.config.num_tasks
+
+    def collect(self, spec: LaunchSpec) -> List[Any]:
+        if not self.current.alive:
+            self.current = self.pool.replace(self.current)
+        return self.current.collect(spec)
+
+    def cancel(self) -> None:
+        self.current.cancel()
