@@ -641,7 +641,9 @@ SECTIONS = [
         "`MedianPruner(n_startup_trials=2, n_warmup_steps=1)`; each study in Optuna storage (SQLite; "
         "`MlflowStorage` in an MLflow SQLite store for MLflow's). spark_dist: `optimize(study, objective, 16, "
         "num_processes=k, metric=\"val_loss\")`, rank 0 reporting with `ctx.report`, 2-rank trials with DDP over "
-        "gloo; as many trials at once as the slots allow, or one (`max_concurrent=1`, sequential). "
+        "gloo; as many trials at once as the slots allow, or one (`max_concurrent=1`, sequential), each way's "
+        "trials served by its lanes (one long-lived barrier job per trial at once, whose tasks fork each trial's "
+        "ranks: no Spark job per trial). "
         "`MlflowSparkStudy.optimize(objective, 16, n_jobs=2)`: two Spark tasks, each running its 8 trials one "
         "after another, `trial.report` in the loop (its tasks reseed the sampler, so its parameters differ). "
         "Both kinds of Spark work run once before the timing.",

@@ -4,11 +4,12 @@ output (an exception in a cell), and each must show its figures (``image/png`` o
 printed (``[rank N] ...``, relayed by spark_dist) and, where it reports, the driver's ``[spark_dist rank N]``
 lines. Afterwards no kernel, JVM or rank the notebook started may be left running.
 
-Each notebook runs on one Spark line: Spark ML (03), images (06) and text (07) on the default line (4), the
-quickstart (01), data (02), Horovod (04), the way over from TorchDistributor (05) and tuning (08) on 3.5, whose
+Each notebook runs on one Spark line: images (06) and text (07) on the default line (4), the quickstart (01),
+data (02), Spark ML (03), Horovod (04), the way over from TorchDistributor (05) and tuning (08) on 3.5, whose
 suite is the shorter. All of them on both lines would add ~5 minutes to each line, and both lines' suites share
 two cores within a 35-minute budget; the API a notebook uses is tested on its other line by the rest of the
-suite (06 and 07's by tests/spark/test_deep_learning_inputs.py, 08's by tests/spark/test_tune_runs.py)."""
+suite (03's by tests/spark/test_ml.py, 06 and 07's by tests/spark/test_deep_learning_inputs.py, 08's by
+tests/spark/test_tune_runs.py)."""
 import json
 import os
 import re
@@ -49,7 +50,7 @@ EXPECTED = {
         figures=1, spark_lines=("3.5",),
         lines=(*RANK_LINES, r"^\[rank 1\] rank 1 of 2: \d+ rows", r"^rows/s")),
     "03_spark_ml.ipynb": Expected(
-        figures=2,
+        figures=2, spark_lines=("3.5",),
         lines=(r"^\[spark_dist rank 0\] epoch=", r"^held-out accuracy: 0\.9", r"^best learningRate",
                r"^loaded model agrees")),
     "04_horovod.ipynb": Expected(

@@ -1,7 +1,6 @@
 """Lanes (spark_dist.driver.lanes) under a tuning study on real Spark: a trial whose lane's job is lost is retried
-on a new lane, on local[2] (the job fails) and on the standalone cluster (Spark retries the barrier stage, whose
-tasks then end at once); a run of this process that waits for slots gets them between two trials, not after
-the study."""
+on a new lane; a run of this process that waits for slots gets them between two trials, not after the study.
+(That trials share a lane's job and its warm workers: tests/spark/test_tune_runs.py.)"""
 import os
 import signal
 import threading
@@ -26,9 +25,8 @@ def kill_own_worker_once(x, marker_dir):
     return float(x)
 
 
-@pytest.mark.parametrize("session", ["spark_local", "spark_standalone"])
-def test_a_trial_whose_lane_is_lost_is_retried_on_a_new_lane(session, request, tmp_path):
-    spark = request.getfixturevalue(session)
+def test_a_trial_whose_lane_is_lost_is_retried_on_a_new_lane(spark_local, tmp_path):
+    spark = spark_local
     study = optuna.create_study()
     study.enqueue_trial({"x": 7})
     optimize(study, lambda t: (kill_own_worker_once, (t.suggest_int("x", 0, 9), str(tmp_path))), 1,

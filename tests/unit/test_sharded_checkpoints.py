@@ -52,9 +52,12 @@ def _rank(rank, world_size, port, directory, scenario, out):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     result = scenario(ctx, model, optimizer)
     ctx.wait_for_checkpoints()  # what a rank does when the training function returns
-    dist.destroy_process_group()
     if rank == 0:
         torch.save({"result": result, "reports": reports}, out)
+    # Every rank is done, then each leaves without tearing gloo down, as a spark_dist rank does (exit_rank): a
+    # rank whose peer had already exited could abort (SIGABRT) in gloo's teardown.
+    dist.barrier()
+    os._exit(0)
 
 
 def run_ranks(world_size, directory, scenario, tmp_path):
