@@ -239,6 +239,9 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
                     # its own report: let it finish, or "every rank raised the same error" (not retried)
                     # would look like one rank's error (retried). A rank blocked in a collective waits it out.
                     waiter.join(_ABORT_REPORT_GRACE_S)
+                    # A rank that ended by itself meanwhile (killed by a signal, say) may be the root cause,
+                    # its peer's failure only the echo that set the abort first: its end is reported as is.
+                    aborted = waiter.is_alive()
                 child.kill()
                 waiter.join()
     except BaseException:  # the driver (and its store) went away, or this task is being killed
