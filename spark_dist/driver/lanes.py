@@ -32,7 +32,7 @@ from ..wire.protocol import LaunchSpec
 from ..wire.signed_store import SignedStore, bind_in_range, host_store, join_store, own_address
 from . import slots
 
-_RECORDS_WAIT_S = 3600.0  # one wait for a task's records (a lost job wakes it: see Lane._wake)
+_RECORDS_WAIT_S = 3600.0  # one wait of many for a task's records: a run may take any time; a lost job wakes it
 _CLOSE_WAIT_S = 30.0  # how long a closing lane's tasks may take to return before its job is cancelled
 
 
@@ -120,7 +120,7 @@ class Lane:
             records: List[Any] = []
             try:
                 for partition in range(self.config.num_tasks):
-                    got = store.wait_for(records_key(number, partition), _RECORDS_WAIT_S)
+                    got = self._records(store, records_key(number, partition))
                     failure = next((r for r in got if isinstance(r, LaneFailure)), None)
                     if failure is not None:
                         raise LaneLost(f"lane {self.spec.lane_id}: task {failure.partition} could not serve run "
@@ -134,6 +134,14 @@ class Lane:
                     except Exception:  # noqa: BLE001 -- a lane going down: its store goes with it
                         pass
             return records
+
+    def _records(self, store: SignedStore, key: str) -> List[Any]:
+        """A task's records, however long its run takes: a lost job wakes this wait (``_wake``)."""
+        while True:
+            try:
+                return store.wait_for(key, _RECORDS_WAIT_S)
+            except TimeoutError:
+                continue
 
     def cancel(self) -> None:
         """Cancel the lane's job: its tasks and the ranks they serve end now; the lane is lost."""

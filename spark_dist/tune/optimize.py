@@ -197,6 +197,8 @@ def _lane_pool(spark, run_args: Dict[str, Any], n_jobs: int) -> Optional[LanePoo
     if run_args["local_mode"] or session.is_connect(spark):
         return None
     config = RunConfig.build(spark_conf=driver._spark_conf(spark), **run_args)
+    if config.elastic:  # an attempt may have fewer ranks than a lane has tasks
+        return None
     if config.store_ports is not None and config.store_ports[1] - config.store_ports[0] + 1 < 2 * n_jobs:
         return None
     return LanePool(spark, config)
