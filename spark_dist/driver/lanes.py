@@ -254,10 +254,6 @@ class LaneHandle:
     def __init__(self, pool: LanePool, lane: Lane):
         self.pool, self.current = pool, lane
 
-    @property
-    def num_tasks(self) -> int:
-        return self.pool.config.num_tasks
-
     def collect(self, spec: LaunchSpec) -> List[Any]:
         if not self.current.alive:
             self.current = self.pool.replace(self.current)

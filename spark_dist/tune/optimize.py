@@ -93,9 +93,11 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
     spark = driver.Distributor(local_mode=local_mode, spark=spark)._session()
     if not local_mode and spark is None:
         raise ConfigError("local_mode=False needs an active SparkSession (or pass spark=, or local_mode=True)")
-    n_jobs = _concurrency(spark, run_args, max_concurrent, n_trials)
+    # One trial's settings with the session's conf (local mode: no session to read).
+    config = None if local_mode else RunConfig.build(spark_conf=driver._spark_conf(spark), **run_args)
+    n_jobs = _concurrency(spark, config, max_concurrent, n_trials)
     handles = cache.handles_for_run(spark, datasets, num_processes) if datasets else {}
-    pool = _lane_pool(spark, run_args, n_jobs)
+    pool = _lane_pool(spark, config, n_jobs)
     runs = StudyRuns(study, {"n_trials": n_trials, "num_processes": num_processes, "metric": metric,
                              "max_concurrent": n_jobs, "direction": ",".join(d.name for d in study.directions)})
     live: set = set()
@@ -190,13 +192,12 @@ def _stop_all(state, live, spark, pool) -> None:
         pool.cancel_all()
 
 
-def _lane_pool(spark, run_args: Dict[str, Any], n_jobs: int) -> Optional[LanePool]:
+def _lane_pool(spark, config: Optional[RunConfig], n_jobs: int) -> Optional[LanePool]:
     """The study's lanes (:mod:`spark_dist.driver.lanes`): on a classic session, where the executors reach a
     store on the driver; ``None`` (each trial a job of its own) in local mode, under Spark Connect, and where
     ``spark.dist.storePort`` leaves too few ports for a store per lane besides one per running trial."""
-    if run_args["local_mode"] or session.is_connect(spark):
+    if config is None or session.is_connect(spark):
         return None
-    config = RunConfig.build(spark_conf=driver._spark_conf(spark), **run_args)
     if config.elastic:  # an attempt may have fewer ranks than a lane has tasks
         return None
     if config.store_ports is not None and config.store_ports[1] - config.store_ports[0] + 1 < 2 * n_jobs:
@@ -204,18 +205,18 @@ def _lane_pool(spark, run_args: Dict[str, Any], n_jobs: int) -> Optional[LanePoo
     return LanePool(spark, config)
 
 
-def _concurrency(spark, run_args: Dict[str, Any], max_concurrent: Optional[int], n_trials: Optional[int]) -> int:
-    """How many trials run at once: the slots over one trial's tasks, within ``max_concurrent`` and
-    ``n_trials``. Waits for the slots of one trial (``spark.dist.slotWaitTimeout``) as a run does.
+def _concurrency(spark, config: Optional[RunConfig], max_concurrent: Optional[int], n_trials: Optional[int]) -> int:
+    """How many trials run at once: the slots over one trial's tasks (``config``; ``None`` in local mode),
+    within ``max_concurrent`` and ``n_trials``. Waits for the slots of one trial (``spark.dist.slotWaitTimeout``)
+    as a run does.
 
     Raises:
         ConfigError: the cluster has fewer slots than one trial's tasks, naming ``num_processes``.
     """
     fit = None
-    if not run_args["local_mode"]:
+    if config is not None:
         from ..spark.resources import wait_for_slots
 
-        config = RunConfig.build(spark_conf=driver._spark_conf(spark), **run_args)
         slots = wait_for_slots(spark, config.num_tasks, config.slot_wait_timeout, config.use_gpu,
                                config.processes_per_task)
         fit = None if slots is None else max(slots // config.num_tasks, 1)
