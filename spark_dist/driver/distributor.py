@@ -179,9 +179,7 @@ class Distributor:
             self._attempt_started(config, attempt, size, previous_size, ended)
             sized = config if size == config.num_processes else dataclasses.replace(config, num_processes=size)
             # no eviction of these caches while the ranks read them; the job only once its slots are free
-            # A trial on a lane runs in slots its lane holds.
-            with cache.kept(handles), slots.held(spark, sized.num_tasks,
-                                                 config.local_mode or self._lane is not None) as queued:
+            with cache.kept(handles), self._slots(spark, sized, attempt) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time
                 remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).
@@ -215,6 +213,14 @@ class Distributor:
                 continue
             raise TrainingFailedError(failures_seen, attempt + 1, config.run_id)
         raise AssertionError("unreachable")
+
+    def _slots(self, spark, config: RunConfig, attempt: int):
+        """The attempt's slots, as a context yielding the seconds waited for them: its own, held while its job
+        runs; or, for a tuning trial, its lane's (a new lane after a failure or a resize, see
+        :meth:`~spark_dist.driver.lanes.LaneHandle.ready`)."""
+        if self._lane is not None:
+            return self._lane.ready(fresh=attempt > 0)
+        return slots.held(spark, config.num_tasks, config.local_mode)
 
     def _retry_size(self, config: RunConfig, spark, failures: List[RankFailure], previous_size: int,
                     attempt: int, started: float) -> int:

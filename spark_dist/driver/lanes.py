@@ -4,13 +4,14 @@ of warm ranks instead of a Spark job (what Ray Tune's ``reuse_actors`` does for 
 A :class:`LanePool` starts at most as many lanes as trials run at once, each a barrier job of one trial's
 tasks that holds its slots (:mod:`spark_dist.driver.slots`) from its start to its close; a lane between two
 trials closes instead when another run of this process waits for slots, so such a run waits for one trial, not
-for the study. A trial borrows a lane
-for its whole run (:meth:`LanePool.lane`); its :class:`~spark_dist.driver.attempt.Attempt` then posts the
-attempt's :class:`~spark_dist.wire.protocol.LaunchSpec` to the lane instead of submitting a job, and the lane's
-tasks serve it as a run's own tasks would (:mod:`spark_dist.task.lane`). Everything else of the attempt is its
-own: store, secret, ports, coordinator, checkpoints, abort. A run stopped through its store (a pruned trial)
-leaves the lane serving; a run whose job must be cancelled (a silent host, a timeout, Ctrl-C) cancels the
-lane's job, and the next attempt gets a new lane.
+for the study. A trial holds a :class:`LaneHandle` for its run (:meth:`LanePool.lane`); each attempt first
+readies a lane on it (a new one after a failed or resized attempt, whose executor may be going), waiting for
+slots outside the run's clocks, and its :class:`~spark_dist.driver.attempt.Attempt` then posts the attempt's
+:class:`~spark_dist.wire.protocol.LaunchSpec` to the lane instead of submitting a job; the lane's tasks serve it
+as a run's own tasks would (:mod:`spark_dist.task.lane`). Everything else of the attempt is its own: store,
+secret, ports, coordinator, checkpoints, abort. A run stopped through its store (a pruned trial) leaves the lane
+serving; a run that did not come back whole (a task's failure, a lost job) or whose job must be cancelled (a
+silent host, a timeout, Ctrl-C) leaves it broken and cancelled, and no run is served on it again.
 
 Lanes need a store the executors reach on the driver: a classic session. Under Spark Connect and in local mode
 each trial is a run of its own (no pool).
@@ -21,6 +22,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 import uuid
 from typing import Any, Iterator, List, Optional
 
@@ -41,7 +43,12 @@ class LaneLost(RuntimeError):
 
 
 class Lane:
-    """One barrier job of ``config.num_tasks`` tasks serving runs in turn (see the module docstring)."""
+    """One barrier job of ``config.num_tasks`` tasks serving runs in turn (see the module docstring).
+
+    A lane serves a run only while it is :attr:`alive`. It stops being alive, for good, when its job ends, when
+    it is cancelled, and when a run on it did not come back whole (a task's failure, a lost job, an interrupt):
+    its tasks may then be anywhere in that run, so none may serve the next.
+    """
 
     def __init__(self, spark, config: RunConfig, lane_id: str):
         self.spark, self.config = spark, config
@@ -62,13 +69,15 @@ class Lane:
         self._serving: Optional[int] = None  # the number of the run being served
         self._lock = threading.Lock()  # one run at a time
         self._ended = threading.Event()
+        self._broken = threading.Event()  # cancelled, or a run on it did not come back whole
         self.error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._job, name=self.tag, daemon=True)
         self._thread.start()
 
     @property
     def alive(self) -> bool:
-        return not self._ended.is_set() and self._store is not None
+        """Whether the lane may serve another run."""
+        return not (self._ended.is_set() or self._broken.is_set()) and self._store is not None
 
     def _job(self) -> None:
         try:
@@ -78,7 +87,8 @@ class Lane:
             description = (f"spark_dist lane {self.spec.lane_id}: trials of {self.config.num_processes} ranks, "
                            f"{self.config.backend}{', GPU' if self.config.use_gpu else ''}")
             with session.job_scope(self.spark, self.tag, description):
-                session.collect_records(frame)
+                if not self._broken.is_set():  # cancelled before its job started: no job
+                    session.collect_records(frame)
         except BaseException as exc:  # noqa: BLE001 -- the lane is lost; the run it served says why
             self.error = exc
         finally:
@@ -87,8 +97,9 @@ class Lane:
 
     def _wake(self) -> None:
         """The job has ended: wake the run being served (``collect`` waits on its tasks' records keys) with a
-        :class:`LaneFailure` where a task's records never came. ``collect`` sets ``_serving`` before it reads
-        ``_ended``, and this reads ``_serving`` after setting ``_ended``: one of the two sees the other."""
+        :class:`LaneFailure` of no task where a task's records never came. ``collect`` sets ``_serving`` before
+        it reads ``_ended``, and this reads ``_serving`` after setting ``_ended``: one of the two sees the
+        other."""
         number, store = self._serving, self._waker
         if number is None or store is None:
             return
@@ -96,43 +107,54 @@ class Lane:
             key = records_key(number, partition)
             with contextlib.suppress(Exception):
                 if not store.has(key):
-                    store.put(key, [LaneFailure(partition, f"the lane's Spark job ended: {self._why()}")])
+                    store.put(key, [LaneFailure(None, "the lane's Spark job ended")])
 
-    def _why(self) -> str:
-        """The job's error, as its first lines say it (a Py4J error's repr names no cause)."""
-        text = str(self.error or "").strip()
-        return "\n".join(text.splitlines()[:3])[:1000] or "no error"
+    def _job_ended(self, run_id: str) -> LaneLost:
+        """The error of a run whose lane's job ended under it: the job's own error, whole, as a run's own job
+        would fail with it (so the outcome names the lost task's rank and Spark's reason)."""
+        error = self.error
+        text = f"{type(error).__name__}: {error}".strip() if error is not None else "it ended with no error"
+        return LaneLost(f"the Spark job of lane {self.spec.lane_id} ended while it served run {run_id}: {text}")
 
     def collect(self, spec: LaunchSpec) -> List[Any]:
         """Serve the attempt ``spec`` on this lane: every task's records, in partition order, as a run's own
-        job returns them.
+        job returns them. A run that does not come back whole (an error, an interrupt) leaves the lane broken
+        and its job cancelled.
 
         Raises:
-            LaneLost: the lane's job ended (or a task could not serve the run) before every task's records came.
+            LaneLost: the lane's job ended (or a task could not serve the run) before every task's records came;
+                the message holds the job's error, whole.
         """
         with self._lock:
             number, store = self._posted, self._store
             self._serving = number
             if not self.alive:
-                raise LaneLost(f"lane {self.spec.lane_id} has ended: {self._why()}")
+                self._serving = None
+                raise self._job_ended(spec.run_id) if self._ended.is_set() else LaneLost(
+                    f"lane {self.spec.lane_id} was cancelled before run {spec.run_id} was posted to it")
             self._posted += 1
-            store.put(run_key(number), spec)
-            records: List[Any] = []
+            whole = False
             try:
+                store.put(run_key(number), spec)
+                records: List[Any] = []
                 for partition in range(self.config.num_tasks):
                     got = self._records(store, records_key(number, partition))
                     failure = next((r for r in got if isinstance(r, LaneFailure)), None)
+                    if failure is not None and failure.partition is None:
+                        raise self._job_ended(spec.run_id)
                     if failure is not None:
                         raise LaneLost(f"lane {self.spec.lane_id}: task {failure.partition} could not serve run "
                                        f"{spec.run_id}: {failure.error}")
                     records.extend(got)
+                whole = True
             finally:
                 self._serving = None
-                for key in [run_key(number)] + [records_key(number, p) for p in range(self.config.num_tasks)]:
-                    try:
-                        store.delete(key)
-                    except Exception:  # noqa: BLE001 -- a lane going down: its store goes with it
-                        pass
+                if whole:
+                    for key in [run_key(number)] + [records_key(number, p) for p in range(self.config.num_tasks)]:
+                        with contextlib.suppress(Exception):  # a lane going down: its store goes with it
+                            store.delete(key)
+                else:  # its other tasks may still be serving the run, or waiting for it: none serves the next
+                    self.cancel()
             return records
 
     def _records(self, store: SignedStore, key: str) -> List[Any]:
@@ -144,19 +166,25 @@ class Lane:
                 continue
 
     def cancel(self) -> None:
-        """Cancel the lane's job: its tasks and the ranks they serve end now; the lane is lost."""
+        """Cancel the lane's job: its tasks and the ranks they serve end now; the lane serves no other run."""
+        self._broken.set()
         with contextlib.suppress(Exception):  # a session going down with an interrupt
             session.cancel(self.spark, self.tag)
 
     def close(self) -> None:
-        """Let the tasks return (cancelling the job if they do not in time), then close the lane's store."""
+        """Let the tasks return (cancelling the job if they do not in time, or at once for a broken lane), then
+        close the lane's store."""
         if not self._ended.is_set() and self._store is not None:
-            try:
-                self._store.put(run_key(self._posted), None)  # no run is posted any more: ``_lock`` is free
-            except Exception:  # noqa: BLE001 -- the tasks end once the store is gone
-                pass
-            if not self._ended.wait(_CLOSE_WAIT_S):
+            if not self._broken.is_set():
+                with contextlib.suppress(Exception):  # the tasks end once the store is gone
+                    self._store.put(run_key(self._posted), None)  # no run is posted any more: ``_lock`` is free
+                self._ended.wait(_CLOSE_WAIT_S)
+            # Cancelled again and again: a cancel that came before the job was submitted found nothing to cancel.
+            for _ in range(int(_CLOSE_WAIT_S)):
+                if self._ended.is_set():
+                    break
                 self.cancel()
+                self._ended.wait(1.0)
         self._thread.join(_CLOSE_WAIT_S)
         self._store = self._waker = None  # the last references: the store's server stops, its port closes
 
@@ -176,34 +204,46 @@ class LanePool:
         self._free: List[Lane] = []
         self._open: List[Lane] = []
         self._started = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # over the lists and counters only: closing a lane may take seconds
         self._closed = False
 
     @contextlib.contextmanager
     def lane(self) -> Iterator["LaneHandle"]:
-        """A lane for one trial's run, given back after it."""
-        handle = LaneHandle(self, self._take())
+        """A handle for one trial's run: its attempts take a lane as they start (:meth:`LaneHandle.ready`),
+        and the last one is given back after the run."""
+        handle = LaneHandle(self)
         try:
             yield handle
         finally:
-            self._give(handle.current)
+            if handle.current is not None:
+                self._give(handle.current)
 
     def _take(self) -> Lane:
-        with self._lock:
-            while self._free:
-                lane = self._free.pop()
-                if lane.alive:
-                    return lane
-                self._retire(lane)
-        return self._start()
+        """A free live lane, else a new one (waiting for its slots).
+
+        Raises:
+            LaneLost: the pool is closed (the study ended or was interrupted).
+        """
+        while True:
+            with self._lock:
+                self._check_open()
+                lane = self._free.pop() if self._free else None
+            if lane is None:
+                return self._start()
+            if lane.alive:
+                return lane
+            self._retire(lane)
+
+    def _check_open(self) -> None:  # under self._lock
+        if self._closed:
+            raise LaneLost("the study's lanes are closed: it ended or was interrupted")
 
     def _start(self) -> Lane:
         ledger = slots.ledger_for(self.spark)
         ledger.acquire(self.config.num_tasks)  # held for the lane's life: other runs of this process wait
         try:
             with self._lock:
-                if self._closed:
-                    raise LaneLost("the study's lanes are closed")
+                self._check_open()
                 self._started += 1
                 lane = Lane(self.spark, self.config, f"{self.pool_id}-{self._started}")
                 self._open.append(lane)
@@ -219,23 +259,25 @@ class LanePool:
             if lane.alive and not self._closed and not slots.ledger_for(self.spark).waiting():
                 self._free.append(lane)
                 return
-            self._retire(lane)
+        self._retire(lane)
 
-    def replace(self, lane: Lane) -> Lane:
-        """A live lane for the next attempt of a run whose lane was lost."""
+    def _retire(self, lane: Lane) -> None:
+        """Close ``lane`` and give its slots back (once, whoever else retires it)."""
         with self._lock:
-            self._retire(lane)
-        return self._start()
-
-    def _retire(self, lane: Lane) -> None:  # under self._lock
-        if lane in self._open:
+            if lane not in self._open:
+                return
             self._open.remove(lane)
+        try:
             lane.close()
+        finally:
             slots.ledger_for(self.spark).release(self.config.num_tasks)
 
     def cancel_all(self) -> None:
-        """Cancel every lane's job (Ctrl-C on the driver): their ranks end now."""
-        for lane in list(self._open):
+        """Ctrl-C on the driver: no lane starts any more, and every lane's job is cancelled (its ranks end now)."""
+        with self._lock:
+            self._closed = True
+            lanes = list(self._open)
+        for lane in lanes:
             lane.cancel()
 
     def close(self) -> None:
@@ -243,21 +285,42 @@ class LanePool:
         with self._lock:
             self._closed = True
             self._free.clear()
-            for lane in list(self._open):
-                self._retire(lane)
+            lanes = list(self._open)
+        for lane in lanes:
+            self._retire(lane)
 
 
 class LaneHandle:
-    """A trial's lane, as its attempts use it (``collect``, ``cancel``); an attempt after a lost lane runs on a
-    new one."""
+    """A trial's lane, as its run's attempts use it: :meth:`ready` before each attempt, then ``collect`` and
+    ``cancel``."""
 
-    def __init__(self, pool: LanePool, lane: Lane):
-        self.pool, self.current = pool, lane
+    def __init__(self, pool: LanePool):
+        self.pool = pool
+        self.current: Optional[Lane] = None
+
+    @contextlib.contextmanager
+    def ready(self, fresh: bool) -> Iterator[float]:
+        """A live lane for the next attempt; yields the seconds spent waiting for one (its slots), which is
+        not the run's time. ``fresh``: a new lane even if the current one lives (a retry, a resize: the
+        attempt before may have ended on an executor that is going, or left a task behind).
+
+        Raises:
+            LaneLost: the study's lanes are closed.
+        """
+        started = time.monotonic()
+        if self.current is not None and (fresh or not self.current.alive):
+            lane, self.current = self.current, None
+            self.pool._retire(lane)
+        if self.current is None:
+            self.current = self.pool._take()
+        yield time.monotonic() - started
 
     def collect(self, spec: LaunchSpec) -> List[Any]:
-        if not self.current.alive:
-            self.current = self.pool.replace(self.current)
+        if self.current is None:
+            raise LaneLost("no lane was made ready for this attempt")
         return self.current.collect(spec)
 
     def cancel(self) -> None:
-        self.current.cancel()
+        lane = self.current
+        if lane is not None:
+            lane.cancel()

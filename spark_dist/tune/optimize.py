@@ -122,7 +122,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
                         live.discard(run)
                     if run.last_run_id is not None:
                         trial.set_user_attr("spark_dist_run_id", run.last_run_id)
-                    if lane is not None:  # the Spark job group of the lane that served the trial
+                    if lane is not None and lane.current is not None:  # the job group of the lane that served it
                         trial.set_user_attr("spark_dist_lane", lane.current.tag)
             try:
                 values = values_of(result, run.last_value, metric, len(study.directions), trial.number)

@@ -24,6 +24,7 @@ The driver deletes run n's keys once it has read every task's records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,11 @@ class LaneSpec:
 
 @dataclass(frozen=True)
 class LaneFailure:
-    """A task could not serve a run (its store unreachable, a bug): the lane ends with it."""
+    """A task could not serve a run (its store unreachable, a bug): the lane ends with it. ``partition`` is
+    ``None`` when no task said it: the driver's own note that the lane's job ended before the task's records
+    came."""
 
-    partition: int
+    partition: Optional[int]
     error: str
 
 

@@ -1,8 +1,10 @@
-"""Lanes (spark_dist.driver.lanes) under a tuning study on real Spark: a trial whose lane's job is lost is retried
-on a new lane; a run of this process that waits for slots gets them between two trials, not after the study.
+"""Lanes (spark_dist.driver.lanes) under a tuning study on real Spark: a failed trial is retried on a new lane,
+whether its lane lived on or its job was lost; where spark.dist.storePort has no ports to spare, each trial is
+a job of its own; a run of this process that waits for slots gets them between two trials, not after the study.
 (That trials share a lane's job and its warm workers: tests/spark/test_tune_runs.py.)"""
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -14,33 +16,69 @@ from spark_dist.tune import optimize
 optuna = pytest.importorskip("optuna")
 
 
-def kill_own_worker_once(x, marker_dir):
-    """The first attempt kills the Python worker its rank was forked from (the lane's task dies with it); a
-    retry returns x."""
-    marker = os.path.join(marker_dir, f"killed-{x}")
+def fail_once(x, marker_dir):
+    """The first attempt of x=7 exits its rank (the lane lives on); that of x=8 kills the Python worker its rank
+    was forked from (the lane's task dies with it, and its job with the task). A retry returns x."""
+    marker = os.path.join(marker_dir, f"failed-{x}")
     if not os.path.exists(marker):
         open(marker, "w").close()
-        os.kill(os.getppid(), signal.SIGKILL)
-        time.sleep(60)
+        if x == 8:
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(60)
+        os._exit(3)
     return float(x)
 
 
-def test_a_trial_whose_lane_is_lost_is_retried_on_a_new_lane(spark_local, tmp_path):
+def test_a_retry_runs_on_a_new_lane_whether_its_lane_lived_or_was_lost(spark_local, tmp_path):
     spark = spark_local
     study = optuna.create_study()
     study.enqueue_trial({"x": 7})
-    optimize(study, lambda t: (kill_own_worker_once, (t.suggest_int("x", 0, 9), str(tmp_path))), 1,
-             max_retries=1, max_concurrent=1)
-    [trial] = study.trials
-    assert (trial.state.name, trial.value) == ("COMPLETE", 7.0)
-    # The retry ran on the study's second lane (its lanes are numbered as started): the first lane's job failed
-    # with its lost task, the second's ended with the study, and none is left running.
-    pool_id, number = trial.user_attrs["spark_dist_lane"].rsplit("-", 1)
-    assert number == "2"
+    study.enqueue_trial({"x": 8})
+    optimize(study, lambda t: (fail_once, (t.suggest_int("x", 0, 9), str(tmp_path))), 2, max_retries=1,
+             max_concurrent=1)
+    assert [(t.state.name, t.value) for t in study.trials] == [("COMPLETE", 7.0), ("COMPLETE", 8.0)]
+    # The study's lanes are numbered as started. Trial 0 failed on lane 1, which then returned when it was
+    # closed, and was retried on lane 2; trial 1 took lane 2 from the pool, lost it with the worker, and was
+    # retried on lane 3, which ended with the study. None is left running.
+    lanes = [t.user_attrs["spark_dist_lane"].rsplit("-", 1) for t in study.trials]
+    assert [number for _, number in lanes] == ["2", "3"]
+    pool_id = lanes[0][0]
     tracker = spark.sparkContext.statusTracker()
-    [first], [second] = (tracker.getJobIdsForGroup(f"{pool_id}-{n}") for n in (1, 2))
-    assert [tracker.getJobInfo(j).status for j in (first, second)] == ["FAILED", "SUCCEEDED"]
+    jobs = [tracker.getJobIdsForGroup(f"{pool_id}-{n}") for n in (1, 2, 3)]
+    assert [tracker.getJobInfo(j).status for [j] in jobs] == ["SUCCEEDED", "FAILED", "SUCCEEDED"]
     assert tracker.getActiveJobsIds() == []
+
+
+def free_ports(count):
+    """The first of ``count`` consecutive ports free now on the loopback."""
+    for first in range(47000, 48000, count):
+        sockets = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def test_where_the_store_ports_leave_no_room_for_lanes_each_trial_is_a_job(spark_local, runtime_conf, tmp_path):
+    # Two trials at once need two stores of their own; lanes would need two more: three ports are too few.
+    first = free_ports(3)
+    runtime_conf("spark.dist.storePort", f"{first}-{first + 2}")
+    study = optuna.create_study()
+    optimize(study, lambda t: (float, (t.suggest_int("x", 0, 9),)), 2, max_concurrent=2)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 2
+    assert all("spark_dist_lane" not in t.user_attrs for t in study.trials)
+    tracker = spark_local.sparkContext.statusTracker()
+    for trial in study.trials:  # its run's own barrier job, under its run's job group
+        [job] = tracker.getJobIdsForGroup(f"spark_dist-{trial.user_attrs['spark_dist_run_id']}-0")
+        assert tracker.getJobInfo(job).status == "SUCCEEDED"
 
 
 def hold(x, log_dir, seconds):
