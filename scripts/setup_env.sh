@@ -49,6 +49,19 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -r "$lock"
 "${pip[@]}" --no-deps -e .
 
+# DeepSpeed's shared-memory all-reduce on CPU is a C++ op that torch compiles on its first use (a minute and
+# more on two cores): compiled here, into the environment's own cache (the TORCH_EXTENSIONS_DIR that
+# tests/scripts/train_deepspeed.py sets), so that no DeepSpeed run of the tests pays it. Best effort: a run
+# compiles it itself when this could not.
+TORCH_EXTENSIONS_DIR="$venv/torch_extensions" "$venv/bin/python" - <<'PY' || echo "setup: WARNING: DeepSpeed's CPU op was not compiled ahead; its first run will" >&2
+import deepspeed.ops
+from deepspeed.accelerator import get_accelerator
+
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+    builder.load(verbose=False)
+PY
+
 # Horovod: built once per (horovod, torch, python) and cached outside the repository; both lines share
 # the wheel when they share torch and Python.
 if wheel=$(bash scripts/build_horovod.sh "$venv/bin/python"); then

@@ -16,7 +16,6 @@ The optimizer is torch's Adam passed in as the client optimizer: DeepSpeed's own
 would compile first.
 """
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -33,13 +32,11 @@ def batch(step, rank):
 
 def own_extension_cache():
     """Give this Python environment its own cache of the C++ ops torch compiles on first use (DeepSpeed's
-    shared-memory all-reduce on CPU): by default every environment of a user shares one per Python version,
-    so two environments (the two Spark lines' tests, run at once) would rebuild and replace the op under each
-    other. A ``TORCH_EXTENSIONS_DIR`` already set is kept."""
-    if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        tag = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
-        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions",
-                                                          f"env-{tag}")
+    shared-memory all-reduce on CPU), inside the environment: by default every environment of a user shares
+    one per Python version, so two environments (the two Spark lines' tests, run at once) would rebuild and
+    replace the op under each other. ``scripts/setup_env.sh`` compiles the op there as it builds the
+    environment. A ``TORCH_EXTENSIONS_DIR`` already set is kept."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 def private_dirs(path):
