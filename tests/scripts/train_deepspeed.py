@@ -113,6 +113,12 @@ def main():
     if int(os.environ["RANK"]) == 0:
         with open(os.path.join(args.record_dir, "result.json"), "w") as f:
             json.dump({"argv": sys.argv[1:], "first": first, "resumed": resumed}, f)
+    # Leave together, the process group torn down in step: a rank tearing down gloo at exit after its peer
+    # had gone aborted once ("terminate called without an active exception", SIGABRT, in a fresh-clone suite).
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
