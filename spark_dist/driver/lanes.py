@@ -29,12 +29,12 @@ from typing import Any, Iterator, List, Optional
 from ..config import CONF_STORE_PORT, RunConfig
 from ..spark import session
 from ..task.lane import run_lane_partition
-from ..wire.lanes import LaneFailure, LaneSpec, records_key, run_key
+from ..wire.lanes import LaneFailure, LaneSpec, records_key, run_key, started_key
 from ..wire.protocol import LaunchSpec
 from ..wire.signed_store import SignedStore, bind_in_range, host_store, join_store, own_address
 from . import slots
 
-_RECORDS_WAIT_S = 3600.0  # one wait of many for a task's records: a run may take any time; a lost job wakes it
+_RECORDS_POLL_S = 1.0  # how often collect, waiting on one task's records, looks for another task's failure
 _CLOSE_WAIT_S = 30.0  # how long a closing lane's tasks may take to return before its job is cancelled
 
 
@@ -67,6 +67,8 @@ class Lane:
                                   self.spec.secret, self.spec.prefix)
         self._posted = 0  # runs posted so far: the next one's number
         self._serving: Optional[int] = None  # the number of the run being served
+        self._unserved: List[int] = []  # the tasks whose records never came for the run the job ended under
+        self._restarted: List[int] = []  # the tasks Spark started again (a retried stage), read as the job ended
         self._lock = threading.Lock()  # one run at a time
         self._ended = threading.Event()
         self._broken = threading.Event()  # cancelled, or a run on it did not come back whole
@@ -103,18 +105,29 @@ class Lane:
         number, store = self._serving, self._waker
         if number is None or store is None:
             return
-        for partition in range(self.config.num_tasks):
-            key = records_key(number, partition)
+        with contextlib.suppress(Exception):
+            self._restarted = [p for p in range(self.config.num_tasks) if store.counter(started_key(p), 0) > 1]
+            self._unserved = [p for p in range(self.config.num_tasks) if not store.has(records_key(number, p))]
+        for partition in self._unserved:
             with contextlib.suppress(Exception):
-                if not store.has(key):
-                    store.put(key, [LaneFailure(None, "the lane's Spark job ended")])
+                store.put(records_key(number, partition), [LaneFailure(None, "the lane's Spark job ended")])
 
     def _job_ended(self, run_id: str) -> LaneLost:
-        """The error of a run whose lane's job ended under it: the job's own error, whole, as a run's own job
-        would fail with it (so the outcome names the lost task's rank and Spark's reason)."""
-        error = self.error
-        text = f"{type(error).__name__}: {error}".strip() if error is not None else "it ended with no error"
-        return LaneLost(f"the Spark job of lane {self.spec.lane_id} ended while it served run {run_id}: {text}")
+        """The error of a run whose lane's job ended under it: which tasks never brought their records, then
+        the job's own error, whole, as a run's own job would fail with it (so the outcome names the lost task's
+        rank and Spark's reason). Where Spark ran the lane's stage again after a task of it failed (off local
+        mode), the started-again tasks return at once and the job ends with no error: that is said instead."""
+        tasks = ", ".join(map(str, self._unserved)) or "none"
+        said = f"the Spark job of lane {self.spec.lane_id} ended while it served run {run_id} (no records from " \
+               f"its task(s) {tasks})"
+        if self.error is not None:
+            return LaneLost(f"{said}: {type(self.error).__name__}: {self.error}".strip())
+        if self._restarted:
+            return LaneLost(
+                f"{said}: a task of the lane's barrier stage failed and Spark ran the stage again (task(s) "
+                f"{', '.join(map(str, self._restarted))} started again); the Spark UI's failed stage attempt of "
+                f"job group {self.tag} says why (an executor lost, a Python worker killed)")
+        return LaneLost(f"{said}: the job ended with no error")
 
     def collect(self, spec: LaunchSpec) -> List[Any]:
         """Serve the attempt ``spec`` on this lane: every task's records, in partition order, as a run's own
@@ -130,22 +143,16 @@ class Lane:
             self._serving = number
             if not self.alive:
                 self._serving = None
-                raise self._job_ended(spec.run_id) if self._ended.is_set() else LaneLost(
-                    f"lane {self.spec.lane_id} was cancelled before run {spec.run_id} was posted to it")
+                # Only an interrupt (TrialRun.stop, Ctrl-C) cancels a lane between ready() and here: said in
+                # words the outcome reads as a cancel, which is not retried.
+                raise LaneLost(f"run {spec.run_id} was not posted to lane {self.spec.lane_id}: the lane was "
+                               "cancelled as part of cancellation of the study") if self._broken.is_set() \
+                    else self._job_ended(spec.run_id)
             self._posted += 1
             whole = False
             try:
                 store.put(run_key(number), spec)
-                records: List[Any] = []
-                for partition in range(self.config.num_tasks):
-                    got = self._records(store, records_key(number, partition))
-                    failure = next((r for r in got if isinstance(r, LaneFailure)), None)
-                    if failure is not None and failure.partition is None:
-                        raise self._job_ended(spec.run_id)
-                    if failure is not None:
-                        raise LaneLost(f"lane {self.spec.lane_id}: task {failure.partition} could not serve run "
-                                       f"{spec.run_id}: {failure.error}")
-                    records.extend(got)
+                records = self._records(store, number, spec.run_id)
                 whole = True
             finally:
                 self._serving = None
@@ -157,13 +164,29 @@ class Lane:
                     self.cancel()
             return records
 
-    def _records(self, store: SignedStore, key: str) -> List[Any]:
-        """A task's records, however long its run takes: a lost job wakes this wait (``_wake``)."""
-        while True:
-            try:
-                return store.wait_for(key, _RECORDS_WAIT_S)
-            except TimeoutError:
-                continue
+    def _records(self, store: SignedStore, number: int, run_id: str) -> List[Any]:
+        """Every task's records for run ``number``, in partition order, however long the run takes (a lost job
+        wakes this wait: ``_wake``). A task's failure is raised as soon as it is posted, whichever task it is:
+        the tasks before it may be waiting in the run's rendezvous for the one that failed.
+
+        Raises:
+            LaneLost: a task could not serve the run, or the lane's job ended.
+        """
+        got: dict = {}
+        while len(got) < self.config.num_tasks:
+            first = next(p for p in range(self.config.num_tasks) if p not in got)
+            with contextlib.suppress(TimeoutError):
+                got[first] = store.wait_for(records_key(number, first), _RECORDS_POLL_S)
+            for partition in range(first + 1, self.config.num_tasks):
+                if partition not in got and store.has(records_key(number, partition)):
+                    got[partition] = store.get(records_key(number, partition))
+            failure = next((r for records in got.values() for r in records if isinstance(r, LaneFailure)), None)
+            if failure is not None and failure.partition is None:
+                raise self._job_ended(run_id)
+            if failure is not None:
+                raise LaneLost(f"lane {self.spec.lane_id}: task {failure.partition} could not serve run {run_id}: "
+                               f"{failure.error}")
+        return [r for partition in sorted(got) for r in got[partition]]
 
     def cancel(self) -> None:
         """Cancel the lane's job: its tasks and the ranks they serve end now; the lane serves no other run."""
@@ -204,7 +227,8 @@ class LanePool:
         self._free: List[Lane] = []
         self._open: List[Lane] = []
         self._started = 0
-        self._lock = threading.Lock()  # over the lists and counters only: closing a lane may take seconds
+        self._starting = 0  # lanes waiting for their slots: while any does, no lane given back is kept idle
+        self._lock = threading.Lock()  # over the lists and counters only: making or closing a lane takes time
         self._closed = False
 
     @contextlib.contextmanager
@@ -239,24 +263,52 @@ class LanePool:
             raise LaneLost("the study's lanes are closed: it ended or was interrupted")
 
     def _start(self) -> Lane:
+        """A new lane, once its slots are free; it holds them for its life (other runs of this process wait).
+        Idle lanes are retired first, and none is kept idle while this waits: their slots may be the ones it
+        waits for (an executor gone leaves fewer).
+
+        Raises:
+            LaneLost: the pool is closed, or closed while the lane was made.
+        """
         ledger = slots.ledger_for(self.spark)
-        ledger.acquire(self.config.num_tasks)  # held for the lane's life: other runs of this process wait
+        with self._lock:
+            self._check_open()
+            self._starting += 1
+            idle, self._free = self._free, []
+        try:
+            for lane in idle:
+                self._retire(lane)
+            ledger.acquire(self.config.num_tasks)
+        finally:
+            with self._lock:
+                self._starting -= 1
         try:
             with self._lock:
                 self._check_open()
                 self._started += 1
-                lane = Lane(self.spark, self.config, f"{self.pool_id}-{self._started}")
-                self._open.append(lane)
-                return lane
+                lane_id = f"{self.pool_id}-{self._started}"
+            lane = Lane(self.spark, self.config, lane_id)
         except BaseException:
             ledger.release(self.config.num_tasks)
             raise
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._open.append(lane)
+        if closed:  # closed while the lane was made: it goes at once
+            try:
+                lane.cancel()
+                lane.close()
+            finally:
+                ledger.release(self.config.num_tasks)
+            self._check_open()
+        return lane
 
     def _give(self, lane: Lane) -> None:
         """Keep the lane for the next trial, unless it is lost, the pool closed, or a run of this process waits
         for slots: an idle lane would hold them from it until the study ends, so it yields them."""
         with self._lock:
-            if lane.alive and not self._closed and not slots.ledger_for(self.spark).waiting():
+            if lane.alive and not (self._closed or self._starting or slots.ledger_for(self.spark).waiting()):
                 self._free.append(lane)
                 return
         self._retire(lane)
@@ -286,8 +338,16 @@ class LanePool:
             self._closed = True
             self._free.clear()
             lanes = list(self._open)
-        for lane in lanes:
-            self._retire(lane)
+        try:
+            for lane in lanes:
+                self._retire(lane)
+        except BaseException:  # an interrupt while closing: the lanes left are cancelled, their slots given back
+            with self._lock:
+                left, self._open = self._open, []
+            for lane in left:
+                lane.cancel()
+                slots.ledger_for(self.spark).release(self.config.num_tasks)
+            raise
 
 
 class LaneHandle:
@@ -311,8 +371,8 @@ class LaneHandle:
         if self.current is not None and (fresh or not self.current.alive):
             lane, self.current = self.current, None
             self.pool._retire(lane)
-        if self.current is None:
-            self.current = self.pool._take()
+        if self.current is None:  # after a failure or a resize, not another trial's idle lane either
+            self.current = self.pool._start() if fresh else self.pool._take()
         yield time.monotonic() - started
 
     def collect(self, spec: LaunchSpec) -> List[Any]:

@@ -22,7 +22,9 @@ def closed_port() -> int:
 def wait_for_job(spark, lane):
     """Until the lane's job has started (a lane cancelled before that never submits one)."""
     tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 60
     while not tracker.getJobIdsForGroup(lane.tag):
+        assert time.monotonic() < deadline, f"{lane.tag} submitted no job"
         time.sleep(0.05)
 
 
@@ -77,3 +79,25 @@ def test_a_lane_serves_no_run_after_one_it_did_not_serve_whole(spark_local):
     assert statuses(spark, pool, [1]) in (["FAILED"], ["SUCCEEDED"])
     assert slots.ledger_for(spark).held == 0
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
+def test_a_retry_gets_a_lane_of_its_own_not_another_trials_idle_one(spark_local):
+    spark = spark_local
+    config = RunConfig.build(num_processes=1, spark_conf={"spark.driver.host": "127.0.0.1"})
+    pool = LanePool(spark, config)
+    try:
+        with pool.lane() as retried:
+            with retried.ready(fresh=False):
+                first = retried.current
+            with pool.lane() as other:  # another trial, whose lane is then free for the next trial
+                with other.ready(fresh=False):
+                    idle = other.current
+            assert idle.alive
+            # The retry after a failure (or a preemption) may not land where the idle lane's tasks are.
+            with retried.ready(fresh=True):
+                assert retried.current not in (first, idle)
+            # The idle lane was retired as the new one started: its slot may be the one the new lane waits for.
+            assert not idle.alive and slots.ledger_for(spark).held == 1
+    finally:
+        pool.close()
+    assert slots.ledger_for(spark).held == 0

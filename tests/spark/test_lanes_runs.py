@@ -29,7 +29,11 @@ def fail_once(x, marker_dir):
     return float(x)
 
 
-def test_a_retry_runs_on_a_new_lane_whether_its_lane_lived_or_was_lost(spark_local, tmp_path):
+def retry_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "spark_dist" and "retrying" in r.getMessage()]
+
+
+def test_a_retry_runs_on_a_new_lane_whether_its_lane_lived_or_was_lost(spark_local, tmp_path, caplog):
     spark = spark_local
     study = optuna.create_study()
     study.enqueue_trial({"x": 7})
@@ -47,6 +51,10 @@ def test_a_retry_runs_on_a_new_lane_whether_its_lane_lived_or_was_lost(spark_loc
     jobs = [tracker.getJobIdsForGroup(f"{pool_id}-{n}") for n in (1, 2, 3)]
     assert [tracker.getJobInfo(j).status for [j] in jobs] == ["SUCCEEDED", "FAILED", "SUCCEEDED"]
     assert tracker.getActiveJobsIds() == []
+    # Each failed attempt is said as it was: the rank's exit, and the lost job in Spark's own words.
+    exited, lost = retry_warnings(caplog)
+    assert "rank 0 on host 127.0.0.1 exited with code 3" in exited, exited
+    assert "rank 0 on host 127.0.0.1: its Spark task failed: Python worker exited unexpectedly" in lost, lost
 
 
 def free_ports(count):
