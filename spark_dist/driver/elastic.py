@@ -117,7 +117,7 @@ def watch(config: RunConfig, spark, full: int) -> Optional[Callable[[Sequence[Ta
     nothing (local mode, Spark Connect): given where the attempt's tasks run, why it should stop at its next
     checkpoint, else ``None``. Two reasons, in this order: an executor running a rank is being decommissioned
     (every run: ``PREEMPTED`` and the executors; found by the barrier stage's executors, or by host where the
-    status store does not say), or, for an elastic run's attempt below ``full``, the slots of the missing ranks
+    status store does not say, or not yet), or, for an elastic run's attempt below ``full``, the slots of the missing ranks
     are free again (a grow)."""
     if config.local_mode or spark is None or session.is_connect(spark):
         return None
@@ -127,7 +127,9 @@ def watch(config: RunConfig, spark, full: int) -> Optional[Callable[[Sequence[Ta
     def check(tasks: Sequence[TaskInfo]) -> Optional[str]:
         gone = session.decommissioning_hosts(spark) or {}
         if gone:
-            ours = session.stage_executors(spark, tasks[0].stage) if tasks else None
+            # The status store lists a running stage's executors only after its first flush (an executor's
+            # heartbeat, up to 10 s in): until then, none listed means unknown, and the hosts decide.
+            ours = (session.stage_executors(spark, tasks[0].stage) if tasks else None) or None
             hosts = {t.host for t in tasks}
             gone = {e: h for e, h in gone.items() if (e in ours if ours is not None else h in hosts)}
         mine = sorted(f"executor {e} on {h}" for e, h in gone.items())
