@@ -1,20 +1,16 @@
 """Lanes (spark_dist.driver.lanes) under a tuning study on real Spark: a failed trial is retried on a new lane,
-whether its lane lived on or its job was lost, and a trial preempted (its worker decommissioned) goes on from its
-checkpoint on a new lane, on the executor left; where spark.dist.storePort has no ports to spare, each trial is
+whether its lane lived on or its job was lost; where spark.dist.storePort has no ports to spare, each trial is
 a job of its own; a run of this process that waits for slots gets them between two trials, not after the study.
 (That trials share a lane's job and its warm workers: tests/spark/test_tune_runs.py.)"""
-import collections
 import os
 import signal
 import socket
 import threading
 import time
 
-import psutil
 import pytest
 
 from spark_dist import Distributor, get_context
-from spark_dist.spark import session
 from spark_dist.tune import optimize
 
 optuna = pytest.importorskip("optuna")
@@ -124,75 +120,3 @@ def test_a_run_waiting_for_slots_gets_them_between_two_trials(spark_local, tmp_p
     run_start = min(float(p.read_text().split()[0]) for p in run_dir.iterdir())
     last_trial_start = max(float(p.read_text().split()[0]) for p in trials_dir.iterdir())
     assert run_start < last_trial_start  # it ran between two trials, not after the study
-
-
-def paced_steps(steps, marker_dir):
-    """``steps`` steps of 0.25 s (0.05 s after the first attempt), each checkpointed: rank 0 stops at a checkpoint when its
-    executor is being decommissioned. Each step leaves a marker, ``<attempt>-<step>``, holding the rank's pid."""
-    ctx = get_context()
-    state = ctx.load_checkpoint() or {"step": 0}
-    for step in range(state["step"], steps):
-        time.sleep(0.25 if ctx.attempt == 0 else 0.05)  # later attempts live long enough to be seen
-        with open(os.path.join(marker_dir, f"{ctx.attempt}-{step + 1}"), "w") as f:
-            f.write(str(os.getpid()))
-        ctx.save_checkpoint({"step": step + 1})
-    return float(ctx.attempt)
-
-
-def worker_of(cluster, pid):
-    """The standalone worker whose executor the process ``pid`` descends from."""
-    ancestors = {p.pid for p in psutil.Process(pid).parents()}
-    [worker] = [i for i in range(len(cluster.workers)) if ancestors & set(cluster.executor_pids(worker=i))]
-    return worker
-
-
-def test_a_preempted_trial_goes_on_from_its_checkpoint_on_a_new_lane(spark_standalone, standalone_cluster,
-                                                                      tmp_path):
-    cluster, seen = standalone_cluster, {}
-
-    def decommission_under_the_trial():
-        try:
-            decommission()
-        except BaseException as exc:  # noqa: BLE001 -- said by the test's assertions
-            seen["error"] = repr(exc)
-
-    def decommission():
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "0-2").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        seen["worker"] = worker_of(cluster, int((tmp_path / "0-2").read_text()))
-        executor = psutil.Process(cluster.executor_pids(worker=seen["worker"])[0])
-        os.kill(cluster.worker_pids[seen["worker"]], signal.SIGPWR)  # what sbin/decommission-worker.sh sends
-        while not list(tmp_path.glob("1-*")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if list(tmp_path.glob("1-*")):  # the retry runs: its worker is known before this one goes
-            seen["retry worker"] = worker_of(cluster, int(next(tmp_path.glob("1-*")).read_text()))
-        executor.wait(timeout=30)
-        cluster.replace_worker(seen["worker"])
-
-    operator = threading.Thread(target=decommission_under_the_trial, daemon=True)
-    operator.start()
-    study = optuna.create_study()
-    optimize(study, lambda t: (paced_steps, (40, str(tmp_path))), 1, max_concurrent=1)
-    operator.join(180)
-    [trial] = study.trials
-    assert "error" not in seen, seen["error"]
-    assert trial.state.name == "COMPLETE"
-    # The preemption is no retry (max_retries=0): each attempt went on from the last one's checkpoint, on a new
-    # lane (the study's lanes are numbered as started), and the first after the notice on the other worker's
-    # executor. (Both workers share this machine's address, and a stage's executors are known only after its
-    # first heartbeat: until the decommissioned executor has gone, a new attempt may stop once more.)
-    last = int(trial.value)  # the attempt that returned
-    steps = collections.defaultdict(list)
-    for marker in tmp_path.glob("*-*"):
-        attempt, step = map(int, marker.name.split("-"))
-        steps[attempt].append(step)
-    assert last >= 1 and sorted(steps) == list(range(last + 1)) and max(steps[last]) == 40
-    for attempt in range(1, last + 1):
-        assert min(steps[attempt]) == max(steps[attempt - 1]) + 1
-    assert trial.user_attrs["spark_dist_lane"].endswith(f"-{last + 1}")
-    assert seen["retry worker"] != seen["worker"]
-    deadline = time.monotonic() + 60  # the replaced worker's executor back, for the tests that follow
-    while session.task_slots(spark_standalone) != 2:
-        assert time.monotonic() < deadline, "the replaced worker's executor did not join"
-        time.sleep(0.2)
