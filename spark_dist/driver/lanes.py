@@ -292,15 +292,11 @@ class LanePool:
             ledger.release(self.config.num_tasks)
             raise
         with self._lock:
+            self._open.append(lane)
             closed = self._closed
-            if not closed:
-                self._open.append(lane)
-        if closed:  # closed while the lane was made: it goes at once
-            try:
-                lane.cancel()
-                lane.close()
-            finally:
-                ledger.release(self.config.num_tasks)
+        if closed:  # closed while the lane was made: it goes at once, as close() retires the others
+            lane.cancel()
+            self._retire(lane)
             self._check_open()
         return lane
 
