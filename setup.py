@@ -22,6 +22,8 @@ setup(
         "torch>=2.1",
         "cloudpickle>=2.0",
         "psutil>=5.9",
+        # AES-GCM for the run's store values (spark_dist/wire/sealing.py): a well-kept AEAD, not our own.
+        "cryptography>=3.1",
     ],
     extras_require={
         "horovod": ["horovod==0.28.1"],

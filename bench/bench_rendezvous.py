@@ -28,7 +28,7 @@ from spark_dist.config import RunConfig  # noqa: E402
 from spark_dist.driver.coordinator import Coordinator  # noqa: E402
 from spark_dist.wire.protocol import ARRIVED, LaunchSpec, task_key  # noqa: E402
 from spark_dist.wire.ranks import TaskInfo
-from spark_dist.wire.signed_store import SignedStore, host_store, join_store  # noqa: E402
+from spark_dist.wire.sealed_store import SealedStore, host_store, join_store  # noqa: E402
 from spark_dist.task.barrier_task import _assignments  # noqa: E402
 
 HOSTS = 8  # the simulated tasks spread over this many host names, as on a cluster
@@ -66,7 +66,7 @@ def simulate(n: int, timeout: float = 120.0) -> dict:
     spec = LaunchSpec(run_id=config.run_id, attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
                       secret=secret, rendezvous_timeout=timeout)
     driver = Counting(server)
-    coordinator = Coordinator(SignedStore(driver, secret, prefix), config, spec, _NoBackend(),
+    coordinator = Coordinator(SealedStore(driver, secret, prefix), config, spec, _NoBackend(),
                               job_ended=None, cancel=lambda: None, on_report=lambda r: None,
                               deadline=None, host="127.0.0.1")
     clients = [Counting(join_store("127.0.0.1", port, timeout)) for _ in range(n)]  # connected beforehand
@@ -76,7 +76,7 @@ def simulate(n: int, timeout: float = 120.0) -> dict:
     lock = threading.Lock()
 
     def task(i):
-        store = SignedStore(clients[i], secret, prefix)
+        store = SealedStore(clients[i], secret, prefix)
         slot = TaskInfo(i, f"host{i % HOSTS}", (), f"host{i % HOSTS}:7077", i)
         go.wait()
         store.put(task_key(i), slot)

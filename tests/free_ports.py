@@ -2,7 +2,7 @@
 import contextlib
 import random
 
-from spark_dist.wire.signed_store import bind_listener
+from spark_dist.wire.sealed_store import bind_listener
 
 
 def free_ports(count):

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 from ..config import CONF_HOROVOD_RENDEZVOUS_PORT
 from ..errors import BackendUnavailableError
 from ..wire.ranks import RankInfo
-from ..wire.signed_store import bind_in_range
+from ..wire.sealed_store import bind_in_range
 from .base import Backend
 
 INSTALL_HINT = (

@@ -32,7 +32,7 @@ from ..task.barrier_task import serve_rank, spawn_child
 from ..task.partition import run_partition
 from ..wire.protocol import ABORT, Abort, LaunchSpec
 from ..wire.ranks import TaskInfo
-from ..wire.signed_store import SignedStore, bind_in_range, host_store
+from ..wire.sealed_store import SealedStore, bind_in_range, host_store
 from . import elastic, first_task
 from .coordinator import Coordinator
 from .outcome import JobError, Outcome, Seen, outcome_of
@@ -55,12 +55,14 @@ class Sizes(NamedTuple):
 
 
 def launch_spec(config: RunConfig, attempt: int, job_bytes: bytes, handles, checkpoint_dir: str,
-                relay_output: str, store_host: str = "", store_port: int = 0, sizes: Sizes = Sizes()) -> LaunchSpec:
-    """What every task of the attempt gets; a fresh secret, so nothing of an earlier attempt can join.
-    ``store_host``/``store_port``: where the driver hosts the store (empty under Connect: the first task's)."""
+                relay_output: str, store_host: str = "", store_port: int = 0, sizes: Sizes = Sizes(),
+                secret: Optional[bytes] = None) -> LaunchSpec:
+    """What every task of the attempt gets; a fresh secret (``secret``: the one a lane derives for it), so
+    nothing of an earlier attempt can join. ``store_host``/``store_port``: where the driver hosts the store
+    (empty under Connect: the first task's)."""
     return LaunchSpec(
         run_id=config.run_id, attempt=attempt, store_host=store_host, store_port=store_port, job_bytes=job_bytes,
-        secret=os.urandom(32), use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
+        secret=secret or os.urandom(32), use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
         checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
         backend=config.backend, max_result_bytes=config.max_result_bytes,
         processes_per_task=config.processes_per_task, relay_output=relay_output,
@@ -96,8 +98,9 @@ class Attempt:
             # (a firewall opens only those), else any free one.
             self._listener = bind_in_range(config.bind_address, config.store_ports, CONF_STORE_PORT)
             host, port = config.driver_host, self._listener.getsockname()[1]
+        secret = None if self.lane is None else self.lane.run_secret(config.run_id, attempt)
         self.spec = launch_spec(config, attempt, job_bytes, handles, checkpoint_dir, owner.log_ranks, host, port,
-                                sizes)
+                                sizes, secret)
         # What the driver watches for: a decommissioned executor under a rank, the missing ranks' slots.
         self.resize_check = elastic.watch(config, spark, sizes.initial or config.num_processes)
 
@@ -159,7 +162,7 @@ class Attempt:
             self._cancel()
             thread.join()
             raise
-        store = SignedStore(server, self.spec.secret, self.spec.prefix)
+        store = SealedStore(server, self.spec.secret, self.spec.prefix)
         coordinator = Coordinator(store, self.config, self.spec, self.backend, job_ended=done.is_set,
                                   cancel=self._cancel, on_report=self.owner._on_report, deadline=self.deadline,
                                   host=self.config.driver_host, bind_address=self.config.bind_address,

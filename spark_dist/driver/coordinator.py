@@ -18,7 +18,7 @@ from ..task.output import OutputRelay
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, RESIZE, RUN_SUCCEEDED, Abort, LaunchSpec,
                        SlotAssignment, assignment_key, beat_key, ended_key, stack_key, task_key)
 from ..wire.ranks import RankInfo, TaskInfo, assign_ranks
-from ..wire.signed_store import FORGED, SignedStore
+from ..wire.sealed_store import FORGED, SealedStore
 from ..wire.store_log import StoreLog
 
 _EAGER_RENDEZVOUS_S = 0.5  # how long the driver looks for the tasks every 2 ms before every 20 ms
@@ -46,7 +46,7 @@ class Coordinator:
             assigned; its first reason goes to the ranks (``resize``).
     """
 
-    def __init__(self, store: SignedStore, config: RunConfig, spec: LaunchSpec, backend,
+    def __init__(self, store: SealedStore, config: RunConfig, spec: LaunchSpec, backend,
                  job_ended: Optional[Callable[[], bool]], cancel: Callable[[], None], on_report: Callable[[dict], None],
                  deadline: Optional[float], host: str, bind_address: Optional[str] = None,
                  on_output: Optional[Callable[[int, str, str], None]] = None,
@@ -181,18 +181,19 @@ class Coordinator:
         """Whether a host went silent: its ranks' supervisors stopped beating (a host off the network, a
         frozen machine) for ``spark.dist.hostLostTimeout``; Spark itself notices only after its executor
         heartbeat timeout (60-120 s). Sets ``lost_ranks`` to every unfinished rank on such hosts. Read every
-        half second; a rank that never beat yet (its worker still importing torch) gets 60 s at least. Only a
-        beat counter's changes count, so a forged value can make a rank look alive once, never ended."""
+        half second; a rank that never beat yet (its worker still importing torch) gets 60 s at least. A beat is
+        a sealed, rising number: only one higher than the last seen counts, so a peer can neither forge nor
+        replay one."""
         if now < self.next_beat_check:
             return False
         self.next_beat_check = now + 0.5
         running = [r for r in self.ranks if r.rank not in self.ended]
-        counts = {r.rank: self.store.counter(beat_key(r.rank), 0) for r in running}
+        counts = self._beats([r.rank for r in running])
         silent_hosts = set()
         for r in running:
             count = counts[r.rank]
             seen_count, since = self.beats.get(r.rank, (None, now))
-            if count != seen_count:
+            if seen_count is None or count > seen_count:
                 self.beats[r.rank] = (count, now)
                 continue
             bound = self.config.host_lost_timeout if count else max(self.config.host_lost_timeout, 60.0)
@@ -200,6 +201,16 @@ class Coordinator:
                 silent_hosts.add(r.host)
         self.lost_ranks = [r for r in running if r.host in silent_hosts and not self._ended(r.rank)]
         return bool(self.lost_ranks)
+
+    def _beats(self, ranks: List[int]) -> Dict[int, int]:
+        """Each rank's latest sealed beat number (0: none yet, or not ours): one round trip once every rank
+        has beaten, one per rank before."""
+        keys = [beat_key(r) for r in ranks]
+        if ranks and self.store.raw.check([self.store.key(k) for k in keys]):
+            values = self.store.get_many(keys)
+        else:
+            values = [self.store.lookup(k, 0) for k in keys]
+        return {r: v if isinstance(v, int) else 0 for r, v in zip(ranks, values)}
 
     def _ended(self, rank: int) -> bool:
         """Whether ``rank``'s supervisor said (signed) that it ended; remembered once seen."""

@@ -22,8 +22,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno
-import hashlib
-import hmac
 import pickle
 import random
 import re
@@ -37,7 +35,8 @@ from ..config import CONF_STORE_PORT, RunConfig
 from ..errors import ConfigError
 from ..task import output
 from ..wire.protocol import ABORT, Abort, LaunchSpec
-from ..wire.signed_store import SignedStore, bind_listener, host_store
+from ..wire.sealed_store import SealedStore, bind_listener, host_store
+from ..wire.sealing import Sealer
 from .outcome import Seen
 
 VERDICT = "spark_dist-verdict"  # brackets what the first task saw, in the error that fails the stage
@@ -81,21 +80,20 @@ class Watched:
 
 
 def verdict(watched: Watched, secret: bytes) -> str:
-    """``watched`` as text for an error message, signed with the attempt's secret like every store value."""
-    payload = base64.b64encode(zlib.compress(pickle.dumps(watched))).decode()
-    return f"{VERDICT}<{payload}.{hmac.new(secret, payload.encode(), hashlib.sha256).hexdigest()}>"
+    """``watched`` as text for an error message, sealed with the attempt's secret like every store value: the
+    message shows in the Spark UI, so what the ranks printed and reported must not be readable there."""
+    sealed = Sealer(secret).seal(VERDICT, zlib.compress(pickle.dumps(watched)))
+    return f"{VERDICT}<{base64.b64encode(sealed).decode()}>"
 
 
 def verdict_in(text: str, secret: bytes) -> Optional[Watched]:
     """What the first task saw, from the error with which it failed the stage on purpose (``None`` when the
-    text holds none, or one not signed with ``secret``: it is never unpickled then)."""
-    found = re.search(re.escape(VERDICT) + r"<([A-Za-z0-9+/=]+)\.([0-9a-f]{64})>", text)
+    text holds none, or one not sealed with ``secret``: it is never unpickled then)."""
+    found = re.search(re.escape(VERDICT) + r"<([A-Za-z0-9+/=]+)>", text)
     if not found:
         return None
-    expected = hmac.new(secret, found.group(1).encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, found.group(2)):
-        return None
-    return pickle.loads(zlib.decompress(base64.b64decode(found.group(1))))
+    data = Sealer(secret).open_sealed(VERDICT, base64.b64decode(found.group(1)))
+    return None if data is None else pickle.loads(zlib.decompress(data))
 
 
 def host_and_watch(config: RunConfig, time_left: Optional[float], spec: LaunchSpec,
@@ -119,7 +117,7 @@ def host_and_watch(config: RunConfig, time_left: Optional[float], spec: LaunchSp
         raise RuntimeError(f"spark_dist: the first task cannot listen on {spec.store_host} (its executor's "
                            f"address as Spark knows it): {exc}") from exc
     server, _ = host_store(spec.store_host, spec.rendezvous_timeout, listener)
-    store = SignedStore(server, spec.secret, spec.prefix)
+    store = SealedStore(server, spec.secret, spec.prefix)
     backend = get_backend(config.backend, config)
     reports: List[dict] = []
     lines = output.OutputTail()  # the client gets the lines only at the end: a bounded tail of each rank's

@@ -19,6 +19,7 @@ each trial is a run of its own (no pool).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import threading
@@ -31,7 +32,8 @@ from ..spark import session
 from ..task.lane import run_lane_partition
 from ..wire.lanes import LaneFailure, LaneSpec, records_key, run_key, started_key
 from ..wire.protocol import LaunchSpec
-from ..wire.signed_store import SignedStore, bind_in_range, host_store, join_store, own_address
+from ..wire.sealed_store import SealedStore, bind_in_range, host_store, join_store, own_address
+from ..wire.sealing import lane_run_secret
 from . import slots
 
 _RECORDS_POLL_S = 1.0  # how often collect, waiting on one task's records, looks for another task's failure
@@ -61,9 +63,9 @@ class Lane:
         except BaseException:
             listener.close()
             raise
-        self._store: Optional[SignedStore] = SignedStore(server, self.spec.secret, self.spec.prefix)
+        self._store: Optional[SealedStore] = SealedStore(server, self.spec.secret, self.spec.prefix)
         # A second client, for _wake: a TCPStore client runs one request at a time, and collect's holds it.
-        self._waker = SignedStore(join_store(own_address(config.bind_address), self.spec.store_port, 30.0),
+        self._waker = SealedStore(join_store(own_address(config.bind_address), self.spec.store_port, 30.0),
                                   self.spec.secret, self.spec.prefix)
         self._posted = 0  # runs posted so far: the next one's number
         self._serving: Optional[int] = None  # the number of the run being served
@@ -75,6 +77,10 @@ class Lane:
         self.error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._job, name=self.tag, daemon=True)
         self._thread.start()
+
+    def run_secret(self, run_id: str, attempt: int) -> bytes:
+        """The secret of a run's attempt served here, which its tasks derive from the lane's as well."""
+        return lane_run_secret(self.spec.secret, run_id, attempt)
 
     @property
     def alive(self) -> bool:
@@ -106,7 +112,7 @@ class Lane:
         if number is None or store is None:
             return
         with contextlib.suppress(Exception):
-            self._restarted = [p for p in range(self.config.num_tasks) if store.counter(started_key(p), 0) > 1]
+            self._restarted = [p for p in range(self.config.num_tasks) if store.lookup(started_key(p), 0) > 1]
             self._unserved = [p for p in range(self.config.num_tasks) if not store.has(records_key(number, p))]
         for partition in self._unserved:
             with contextlib.suppress(Exception):
@@ -151,7 +157,7 @@ class Lane:
             self._posted += 1
             whole = False
             try:
-                store.put(run_key(number), spec)
+                store.put(run_key(number), dataclasses.replace(spec, secret=b""))  # the tasks derive it
                 records = self._records(store, number, spec.run_id)
                 whole = True
             finally:
@@ -164,7 +170,7 @@ class Lane:
                     self.cancel()
             return records
 
-    def _records(self, store: SignedStore, number: int, run_id: str) -> List[Any]:
+    def _records(self, store: SealedStore, number: int, run_id: str) -> List[Any]:
         """Every task's records for run ``number``, in partition order, however long the run takes (a lost job
         wakes this wait: ``_wake``). A task's failure is raised as soon as it is posted, whichever task it is:
         the tasks before it may be waiting in the run's rendezvous for the one that failed.
@@ -371,10 +377,16 @@ class LaneHandle:
             self.current = self.pool._start() if fresh else self.pool._take()
         yield time.monotonic() - started
 
-    def collect(self, spec: LaunchSpec) -> List[Any]:
+    def _ready_lane(self) -> Lane:
         if self.current is None:
             raise LaneLost("no lane was made ready for this attempt")
-        return self.current.collect(spec)
+        return self.current
+
+    def run_secret(self, run_id: str, attempt: int) -> bytes:
+        return self._ready_lane().run_secret(run_id, attempt)
+
+    def collect(self, spec: LaunchSpec) -> List[Any]:
+        return self._ready_lane().collect(spec)
 
     def cancel(self) -> None:
         lane = self.current

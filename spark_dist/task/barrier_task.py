@@ -27,15 +27,15 @@ from ..host import tempdirs
 from ..errors import RankFailure
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, Abort, LaunchSpec, ResultChunk, TaskOutcome, TaskStatus,
                        assignment_key, beat_key, ended_key, stack_key, task_key)
-from .rank_process import child_main, die_with_parent, exit_rank, signed_store
+from .rank_process import child_main, die_with_parent, exit_rank, join_run_store
 from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
-from ..wire.signed_store import SignedStore
+from ..wire.sealed_store import SealedStore
 from ..wire.store_log import StoreLog
 from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
-HEARTBEAT_S = 1.0  # each rank's supervisor counts up beat/<rank> on the driver's store this often
+HEARTBEAT_S = 1.0  # each rank's supervisor writes its next sealed beat/<rank> number this often
 STDERR_TAIL_BYTES = 16 << 10
 
 
@@ -43,7 +43,7 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
     """Rendezvous, run a child per slot, and yield their records: :class:`ResultChunk` (rank 0 only), then
     one :class:`TaskStatus` per slot. ``in_executor``: also pass the ranks' output on to this process's own
     streams (the executor log); in local mode the driver shows the relayed lines, and nothing else."""
-    store = signed_store(spec)
+    store = join_run_store(spec)
     for slot in slots:
         store.put(task_key(slot.task_index), slot)
         store.counter(ARRIVED)  # after the value: the driver reads all tasks once the count says they came
@@ -85,7 +85,7 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
             warm_for_next_run()
 
 
-def _assignments(store: SignedStore, spec: LaunchSpec, slots: List[TaskInfo]):
+def _assignments(store: SealedStore, spec: LaunchSpec, slots: List[TaskInfo]):
     """Each slot's :class:`~spark_dist.wire.protocol.SlotAssignment`, waited for on its own key (the store wakes
     the waiter); ``None`` when the driver aborted the rendezvous. The driver declares the rendezvous timeout
     (and names the tasks that never came); this wait is only a backstop should the driver be gone, so it
@@ -105,7 +105,7 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool 
     return serve_task(spec, [task], start_child, in_executor)
 
 
-def _supervise_all(started, store: SignedStore, spec: LaunchSpec, in_executor: bool) -> List[TaskOutcome]:
+def _supervise_all(started, store: SealedStore, spec: LaunchSpec, in_executor: bool) -> List[TaskOutcome]:
     """Supervise the task's children together: a single child here, several in a thread each (each with its
     own store connection); their outcomes in order."""
     if len(started) == 1:
@@ -116,7 +116,7 @@ def _supervise_all(started, store: SignedStore, spec: LaunchSpec, in_executor: b
     def supervise(i):
         _, rank, child, workdir = started[i]
         try:
-            outcomes[i] = _supervise(child, signed_store(spec), spec, rank, workdir, in_executor)
+            outcomes[i] = _supervise(child, join_run_store(spec), spec, rank, workdir, in_executor)
         except BaseException as exc:  # noqa: BLE001 -- re-raised below, in the task's own thread
             outcomes[i] = exc
 
@@ -199,7 +199,7 @@ class _ChildProcess:
 _ABORT_REPORT_GRACE_S = 0.5
 
 
-def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank: RankInfo,
+def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank: RankInfo,
                workdir: str, in_executor: bool = True) -> TaskOutcome:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
     report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.task.output`)."""
@@ -219,13 +219,16 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
     waiter.start()
     aborted = False
     poll = 0.005
-    next_beat = 0.0
+    next_beat, beats = 0.0, 0
     try:
         while waiter.is_alive():
             waiter.join(poll)
             poll = min(poll * 2, 0.05)
             if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
-                store.counter(beat_key(rank.rank))
+                # Sealed and rising: only a higher number than the driver saw counts, so a peer can neither
+                # forge a beat nor replay an old one to keep a dead host looking alive.
+                beats += 1
+                store.put(beat_key(rank.rank), beats)
                 next_beat = time.monotonic() + HEARTBEAT_S
             if publisher is not None:
                 publisher.publish()
@@ -264,7 +267,7 @@ def _supervise(child: _ChildProcess, store: SignedStore, spec: LaunchSpec, rank:
             pass
 
 
-def _conclude(store: SignedStore, rank: RankInfo, workdir: str, exit_code, aborted: bool,
+def _conclude(store: SealedStore, rank: RankInfo, workdir: str, exit_code, aborted: bool,
               tail: output.StreamReader) -> TaskOutcome:
     """The rank's outcome from how its process ended; a failure is reported (and the run aborted) here."""
     code, ended = exit_code

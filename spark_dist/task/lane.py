@@ -7,12 +7,14 @@ lane's store is gone (the driver dropped it), or after posting a :class:`~spark_
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback
 from typing import Iterator
 
 from ..wire.lanes import LaneFailure, LaneSpec, records_key, run_key, started_key
-from ..wire.signed_store import SignedStore, join_store
+from ..wire.sealed_store import SealedStore, join_store
+from ..wire.sealing import lane_run_secret
 from .barrier_task import fork_child, serve_task
 from .partition import task_slots
 
@@ -33,8 +35,12 @@ def run_lane_partition(lane: LaneSpec, batches) -> Iterator:
     context = BarrierTaskContext.get()
     slots = task_slots(context, lane)
     partition = context.partitionId()
-    store = SignedStore(join_store(lane.store_host, lane.store_port, lane.join_timeout), lane.secret, lane.prefix)
-    if store.counter(started_key(partition)) > 1:
+    store = SealedStore(join_store(lane.store_host, lane.store_port, lane.join_timeout), lane.secret, lane.prefix)
+    # Sealed: a peer can neither mark a task started (ending the lane) nor hide a start it cannot name. One task
+    # of a partition runs at a time in a barrier stage, so the read and the write need no atomic add.
+    starts = store.lookup(started_key(partition), 0) + 1
+    store.put(started_key(partition), starts)
+    if starts > 1:
         # Spark retried the lane's stage (a task of it failed): the run it served is lost with the first
         # attempt, and the driver replaces a lane that ended; this attempt ends at once.
         sys.stderr.write(f"spark_dist: lane {lane.lane_id} task {partition} started again: the lane ends\n")
@@ -43,7 +49,7 @@ def run_lane_partition(lane: LaneSpec, batches) -> Iterator:
     return iter(())
 
 
-def _serve_runs(lane: LaneSpec, store: SignedStore, slots, partition: int) -> None:
+def _serve_runs(lane: LaneSpec, store: SealedStore, slots, partition: int) -> None:
     number = 0
     while True:
         try:
@@ -54,6 +60,8 @@ def _serve_runs(lane: LaneSpec, store: SignedStore, slots, partition: int) -> No
             return
         if spec is None:
             return
+        # The run's secret never travels through the lane: each side derives it from the lane's.
+        spec = dataclasses.replace(spec, secret=lane_run_secret(lane.secret, spec.run_id, spec.attempt))
         try:
             records = list(serve_task(spec, slots, fork_child, in_executor=True))
         except Exception as exc:  # noqa: BLE001 -- said to the driver, which ends the lane

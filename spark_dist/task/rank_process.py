@@ -18,14 +18,14 @@ from typing import Dict, Optional
 from ..errors import RankFailure, RunResized
 from ..wire.protocol import PROGRESS, REPORTS, RESIZE, Job, LaunchSpec
 from ..wire.ranks import RankInfo
-from ..wire.signed_store import SignedStore, join_store
+from ..wire.sealed_store import SealedStore, join_store
 from ..wire.store_log import StoreLog
 from . import deepspeed_args
 from .warm_imports import IMPORTED_DYNAMO
 
 
-def signed_store(spec: LaunchSpec) -> SignedStore:
-    return SignedStore(join_store(spec.store_host, spec.store_port, spec.rendezvous_timeout), spec.secret, spec.prefix)
+def join_run_store(spec: LaunchSpec) -> SealedStore:
+    return SealedStore(join_store(spec.store_host, spec.store_port, spec.rendezvous_timeout), spec.secret, spec.prefix)
 
 
 def die_with_parent() -> None:
@@ -200,12 +200,12 @@ class _Reporter:
 
     def __init__(self, spec: LaunchSpec, rank: int):
         self._spec, self._rank = spec, rank
-        self._store: Optional[SignedStore] = None
+        self._store: Optional[SealedStore] = None
         self._log: Optional[StoreLog] = None
 
-    def _connected(self) -> SignedStore:
+    def _connected(self) -> SealedStore:
         if self._store is None:
-            self._store = signed_store(self._spec)
+            self._store = join_run_store(self._spec)
             self._log = StoreLog(self._store, REPORTS, writer=f"rank{self._rank}")
         return self._store
 

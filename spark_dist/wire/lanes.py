@@ -1,7 +1,7 @@
 """The protocol of a lane: a long-lived barrier job whose tasks serve one run after another (a tuning study's
 trials), so that a trial costs a fork of warm ranks, not a Spark job.
 
-The driver hosts the lane's own signed store (its own secret, apart from every run's). Runs are numbered from
+The driver hosts the lane's own sealed store (its own secret, apart from every run's). Runs are numbered from
 0 in the order the driver posts them; each run keeps its own store, secret, ports and prefix
 (:class:`~spark_dist.wire.protocol.LaunchSpec`), so a lane only carries the specs out and the tasks' records
 back:
@@ -9,14 +9,17 @@ back:
 ==========================  =====================  ============================================================
 key                         written by             holds
 ==========================  =====================  ============================================================
-``run/<n>``                 the driver             run n's :class:`~spark_dist.wire.protocol.LaunchSpec`, or
+``run/<n>``                 the driver             run n's :class:`~spark_dist.wire.protocol.LaunchSpec`
+                                                   without its secret (each task derives it from the lane's:
+                                                   :func:`~spark_dist.wire.sealing.lane_run_secret`), or
                                                    ``None``: the lane is closing, every task returns
 ``records/<n>/<partition>`` each task              the records its slots gave for run n (what a run's barrier
                                                    task yields: result chunks, then one status per slot), or
                                                    a :class:`LaneFailure` when it could not serve the run
-``started/<partition>``     each task              an unsigned counter bumped as the task starts: above 1, Spark
-                                                   retried the lane's stage, whose task then ends at once (the
-                                                   run in flight was lost with the first attempt)
+``started/<partition>``     each task              how many times the task started (sealed, so no peer can end
+                                                   a lane with it): above 1, Spark retried the lane's stage,
+                                                   whose task then ends at once (the run in flight was lost
+                                                   with the first attempt)
 ==========================  =====================  ============================================================
 
 The driver deletes run n's keys once it has read every task's records.

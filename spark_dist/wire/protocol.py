@@ -1,13 +1,15 @@
 """The protocol between the driver (``driver/coordinator.py``) and its tasks (``task/barrier_task.py``), in one place.
 
-One attempt speaks through the attempt's signed store (see :mod:`spark_dist.wire.signed_store`), hosted by the driver
-(under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys:
+One attempt speaks through the attempt's sealed store (see :mod:`spark_dist.wire.sealed_store`), hosted by the driver
+(under Spark Connect by the first task, which also runs the coordinator: "the driver" below), under these keys,
+each below the attempt's prefix (:attr:`LaunchSpec.prefix`) and a random part derived from its secret, which
+nothing displays; every value but the ``arrived`` counter is sealed (encrypted and authenticated):
 
 ==========================  =====================  ============================================================
 key                         written by             holds
 ==========================  =====================  ============================================================
 ``task/<index>``            each task              its slots' :class:`~spark_dist.wire.ranks.TaskInfo` (where they run)
-``arrived``                 each task              an unsigned counter, bumped after ``task/<index>``: a hint for
+``arrived``                 each task              an unsealed counter, bumped after ``task/<index>``: a hint for
                                                    when to read the tasks (read once, all at once)
 ``assignment/<index>``      the driver             the slot's :class:`SlotAssignment` (``None``: the rendezvous
                                                    was aborted); each task waits on its own key
@@ -18,9 +20,9 @@ key                         written by             holds
 ``progress``                rank 0                 ``(epoch, step, steps, steps_per_second)`` of its loader,
                                                    overwritten: the driver's bar shows the latest
 ``stack/<rank>``            a supervisor           the rank's Python stack, dumped when the run timed out
-``beat/<rank>``             a supervisor           an unsigned counter bumped every second (only its changes count)
-``ended/<rank>``            a supervisor           ``True`` once the rank has ended (signed: a forged one is
-                                                   absent)
+``beat/<rank>``             a supervisor           its next number (1, 2, ...) every second: only a number
+                                                   above the last one read counts as a sign of life
+``ended/<rank>``            a supervisor           ``True`` once the rank has ended
 ``succeeded``               the driver             ``True`` once every rank has ended without a failure,
                                                    ``False`` once the run failed or was aborted
 ``resize``                  the driver             why the run should stop at its next checkpoint and go on
@@ -30,8 +32,9 @@ key                         written by             holds
 ==========================  =====================  ============================================================
 
 The logs are the only channel whose volume depends on the user's code, and the driver deletes what it has
-read; every other key holds one small value per task or rank. Unsigned counters (``arrived``, ``beat``) are
-hints: a forged value costs at most one extra read, never a loop over its size.
+read; every other key holds one small value per task or rank. The one unsealed counter (``arrived``) is a
+hint: a forged value costs at most one extra read, never a loop over its size. A value that does not open
+counts as absent.
 
 Each task's Spark records (what the barrier stage's ``collect()`` returns, one pickle a row) are
 :class:`ResultChunk` and :class:`TaskStatus`.

@@ -18,7 +18,7 @@ import itertools
 import threading
 from typing import Any, Dict, List
 
-from .signed_store import EMPTY, FORGED, SignedStore
+from .sealed_store import EMPTY, FORGED, SealedStore
 
 TAKE_LIMIT = 1024  # records one take() pops at most, so one call's work is bounded whatever was pushed
 
@@ -27,7 +27,7 @@ class StoreLog:
     """One log, by ``name``, in ``store``; ``writer`` names this side's records when it appends (unique per
     writing process: a rank, a supervisor)."""
 
-    def __init__(self, store: SignedStore, name: str, writer: str = ""):
+    def __init__(self, store: SealedStore, name: str, writer: str = ""):
         self.store, self.name, self.writer = store, name, writer
         self._seq = itertools.count(1)
         self._lock = threading.Lock()  # one process's threads (a loader's, the training loop) share a writer

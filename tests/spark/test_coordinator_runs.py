@@ -12,7 +12,7 @@ from spark_dist.config import RunConfig
 from spark_dist.driver.coordinator import Coordinator
 from spark_dist.wire.protocol import ARRIVED, FAILURES, LaunchSpec, beat_key, ended_key
 from spark_dist.wire.ranks import RankInfo
-from spark_dist.wire.signed_store import SignedStore, host_store, join_store
+from spark_dist.wire.sealed_store import SealedStore, host_store, join_store
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 from bench_rendezvous import Counting, simulate  # noqa: E402

@@ -16,7 +16,7 @@ from spark_dist.backends.horovod import HorovodBackend
 from spark_dist.errors import BackendUnavailableError
 from spark_dist.config import CONF_HOROVOD_RENDEZVOUS_PORT
 from spark_dist.wire.ranks import TaskInfo, assign_ranks
-from spark_dist.wire.signed_store import bind_listener
+from spark_dist.wire.sealed_store import bind_listener
 
 from free_ports import free_ports, session_conf
 

@@ -209,7 +209,7 @@ def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts
 
 def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_local, monkeypatch):
     from spark_dist.driver import attempt as attempt_module
-    from spark_dist.task.barrier_task import signed_store
+    from spark_dist.task.barrier_task import join_run_store
 
     real_serve_rank = attempt_module.serve_rank
 
@@ -217,7 +217,7 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
         if task.task_index == 0:
             yield from real_serve_rank(spec, task, start_child)
             return
-        store = signed_store(spec)  # it stays away from the store until the driver gives up on it
+        store = join_run_store(spec)  # it stays away from the store until the driver gives up on it
         while not store.has(ABORT):
             time.sleep(0.05)
 

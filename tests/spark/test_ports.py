@@ -12,7 +12,7 @@ import pytest
 from spark_dist import ConfigError, Distributor, get_context
 from spark_dist.config import CONF_HOROVOD_RENDEZVOUS_PORT, CONF_STORE_PORT, RunConfig, port_range
 from spark_dist.driver.first_task import STORE_PORTS, configured_ports_taken, ports_to_try
-from spark_dist.wire.signed_store import bind_in_range, bind_listener
+from spark_dist.wire.sealed_store import bind_in_range, bind_listener
 
 from free_ports import free_ports, session_conf
 from test_horovod import needs_horovod

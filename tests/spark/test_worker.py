@@ -125,13 +125,13 @@ def test_a_ranks_exit_handlers_run_and_a_crash_after_the_result_is_a_warning(spa
 def test_a_task_whose_second_rank_fails_to_start_reaps_the_first_and_leaves_no_work_dir(tmp_path, monkeypatch):
     from spark_dist.wire.protocol import LaunchSpec, SlotAssignment, assignment_key
     from spark_dist.wire.ranks import RankInfo, TaskInfo
-    from spark_dist.wire.signed_store import SignedStore, host_store
+    from spark_dist.wire.sealed_store import SealedStore, host_store
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the task makes its ranks' work dirs
     server, port = host_store("127.0.0.1", 10.0)
     spec = LaunchSpec(run_id="start-fails", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
                       secret=b"s" * 32, rendezvous_timeout=10.0)
-    driver = SignedStore(server, spec.secret, spec.prefix)
+    driver = SealedStore(server, spec.secret, spec.prefix)
     slots = [TaskInfo(i, "127.0.0.1", (), "", 0) for i in range(2)]
     driver.put_many({assignment_key(i): SlotAssignment(RankInfo(i, i, 2, 2, 0, 1, "127.0.0.1"), {})
                      for i in range(2)})

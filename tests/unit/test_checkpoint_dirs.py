@@ -180,10 +180,10 @@ def test_the_driver_refuses_a_given_run_dir_it_sees_is_someone_elses(tmp_path):
 # -- removal on each host, once the driver said the run succeeded --------------------------------------------
 @pytest.fixture
 def store():
-    from spark_dist.wire.signed_store import SignedStore, host_store
+    from spark_dist.wire.sealed_store import SealedStore, host_store
 
     server, _ = host_store("127.0.0.1", 10)
-    yield SignedStore(server, b"s" * 32, "spark_dist/run1/0")
+    yield SealedStore(server, b"s" * 32, "spark_dist/run1/0")
     del server
 
 

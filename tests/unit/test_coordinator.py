@@ -1,4 +1,4 @@
-"""The coordinator's rendezvous on a real store without Spark: requests per task, and forged counters."""
+"""The coordinator's rendezvous on a real store without Spark: requests per task, forged counters and beats."""
 import os
 import sys
 
@@ -9,7 +9,7 @@ from spark_dist.config import RunConfig
 from spark_dist.driver.coordinator import Coordinator
 from spark_dist.wire.protocol import ARRIVED, FAILURES, LaunchSpec, beat_key, ended_key
 from spark_dist.wire.ranks import RankInfo
-from spark_dist.wire.signed_store import SignedStore, host_store, join_store
+from spark_dist.wire.sealed_store import SealedStore, host_store, join_store
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 from bench_rendezvous import Counting, simulate  # noqa: E402
@@ -30,7 +30,7 @@ def first_task_coordinator(server, port: int, run_id: str) -> Coordinator:
     config = RunConfig.build(num_processes=2, run_id=run_id, spark_conf={})
     spec = LaunchSpec(run_id=run_id, attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
                       secret=b"s" * 32)
-    return Coordinator(SignedStore(server, spec.secret, spec.prefix), config, spec, Backend(), job_ended=None,
+    return Coordinator(SealedStore(server, spec.secret, spec.prefix), config, spec, Backend(), job_ended=None,
                        cancel=lambda: None, on_report=lambda r: None, deadline=None, host="127.0.0.1")
 
 
@@ -62,13 +62,30 @@ def test_forged_counters_cost_a_request_not_a_loop(coordinator):
     assert counted.requests - before < 3000 + 20  # one pop a forged record, as any forged value costs
 
 
+def test_forged_or_replayed_beats_do_not_keep_a_silent_host_alive(coordinator):
+    watch, counted, stranger, ours = coordinator
+    watch.ranks = [RankInfo(r, r, 2, 2, 0, 1, "127.0.0.1") for r in range(2)]
+    for rank in range(2):
+        ours.put(beat_key(rank), 1)  # each supervisor's first beat
+    replayed = {rank: stranger.get(ours.key(beat_key(rank))) for rank in range(2)}
+    now = 1000.0
+    assert not watch._silent_hosts(now)
+    for _ in range(30):  # the supervisors went silent; a stranger beats for them every half second
+        now += 0.5
+        for rank in range(2):
+            stranger.set(ours.key(beat_key(rank)), replayed[rank])  # a beat seen on the wire, sent again
+        if watch._silent_hosts(now):
+            break
+    assert watch.lost_ranks and now - 1000.0 <= watch.config.host_lost_timeout + 1.0
+
+
 def test_the_first_tasks_store_closes_as_soon_as_its_coordinator_is_dropped():
     # Under Spark Connect the first task hosts the store; a run started right after on the same fixed
     # spark.dist.storePort needs that port free once the task is done, not once the cyclic GC next runs.
     import gc
     import weakref
 
-    from spark_dist.wire.signed_store import bind_listener
+    from spark_dist.wire.sealed_store import bind_listener
 
     server, port = host_store("127.0.0.1", 10.0)
     watch = first_task_coordinator(server, port, "port")

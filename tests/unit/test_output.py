@@ -6,10 +6,10 @@ import time
 
 def test_a_broken_channel_leaves_the_lines_in_the_executor_log_and_warns_once(capsys):
     from spark_dist.task.output import LineBuffer, Publisher, StreamReader
-    from spark_dist.wire.signed_store import SignedStore, host_store, join_store
+    from spark_dist.wire.sealed_store import SealedStore, host_store, join_store
 
     server, port = host_store("127.0.0.1", 5.0)
-    store = SignedStore(join_store("127.0.0.1", port, 2.0), b"k" * 32, "run")
+    store = SealedStore(join_store("127.0.0.1", port, 2.0), b"k" * 32, "run")
     lines, executor_log = LineBuffer(), io.BytesIO()
     read_fd, write_fd = os.pipe()
     reader = StreamReader(read_fd, "stdout", lines, executor_log)

@@ -7,7 +7,7 @@ import sys
 from spark_dist.task import barrier_task
 from spark_dist.wire.protocol import ABORT, FAILURES, Abort, LaunchSpec, TaskOutcome
 from spark_dist.wire.ranks import RankInfo
-from spark_dist.wire.signed_store import SignedStore, host_store
+from spark_dist.wire.sealed_store import SealedStore, host_store
 from spark_dist.wire.store_log import StoreLog
 
 
@@ -29,7 +29,7 @@ def test_a_rank_killed_while_a_peers_failure_aborts_the_run_is_reported_as_kille
     server, port = host_store("127.0.0.1", 30)
     spec = LaunchSpec(run_id="r", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
                       secret=b"s" * 32, relay_output="none")
-    store = SignedStore(server, spec.secret, spec.prefix)
+    store = SealedStore(server, spec.secret, spec.prefix)
     store.put(ABORT, Abort.RANK_FAILED)
     rank = RankInfo(1, 1, 2, 2, 0, 1, "127.0.0.1")
     outcome = barrier_task._supervise(child_killed_after(0.2), store, spec, rank, str(tmp_path), in_executor=False)

@@ -7,7 +7,7 @@ import pytest
 
 from spark_dist.wire.ranks import TaskInfo, assign_ranks
 
-from spark_dist.wire.signed_store import SignedStore, bind_listener, host_store, join_store
+from spark_dist.wire.sealed_store import SealedStore, bind_listener, host_store, join_store
 
 
 def test_single_host_ranks_follow_task_order():
@@ -78,10 +78,10 @@ def test_listener_binds_the_given_address_only():
         sock.close()
 
 
-def test_signed_store_rejects_forged_values_before_unpickling():
+def test_sealed_store_rejects_forged_values_before_unpickling():
     server, port = host_store("127.0.0.1", 10)
     try:
-        ours = SignedStore(join_store("127.0.0.1", port, 10), b"s" * 32, "run")
+        ours = SealedStore(join_store("127.0.0.1", port, 10), b"s" * 32, "run")
         ours.put("assignment", {"ranks": 2})
         assert ours.get("assignment") == {"ranks": 2}
 
@@ -90,10 +90,10 @@ def test_signed_store_rejects_forged_values_before_unpickling():
                 return (exec, ("raise SystemExit('unpickled a forged value')",))
 
         stranger = join_store("127.0.0.1", port, 10)
-        stranger.set("run/assignment", b"\x00" * 32 + pickle.dumps(Boom()))
-        with pytest.raises(PermissionError, match="signature"):
+        stranger.set(ours.key("assignment"), b"\x00" * 32 + pickle.dumps(Boom()))
+        with pytest.raises(PermissionError, match="did not open"):
             ours.get("assignment")
-        stranger.set("run/assignment", b"garbage")
+        stranger.set(ours.key("assignment"), b"garbage")
         with pytest.raises(PermissionError):
             ours.get("assignment")
     finally:
@@ -103,13 +103,13 @@ def test_signed_store_rejects_forged_values_before_unpickling():
     assert port not in listening
 
 
-def test_a_signed_value_copied_under_another_key_is_refused():
+def test_a_sealed_value_copied_under_another_key_is_refused():
     server, port = host_store("127.0.0.1", 10)
     try:
-        ours = SignedStore(join_store("127.0.0.1", port, 10), b"s" * 32, "run")
+        ours = SealedStore(join_store("127.0.0.1", port, 10), b"s" * 32, "run")
         ours.put("task/0", TaskInfo(0, "h"))
         raw = join_store("127.0.0.1", port, 10)
-        raw.set("run/abort", raw.get("run/task/0"))  # a valid blob, replayed as an abort
+        raw.set(ours.key("abort"), raw.get(ours.key("task/0")))  # a valid blob, replayed as an abort
         assert ours.has("task/0") and not ours.has("abort")
     finally:
         del server
@@ -119,8 +119,8 @@ def test_a_store_bound_to_one_address_is_reached_by_another_name_for_it():
     # spark.driver.bindAddress=127.0.0.1, spark.driver.host=localhost: bind one, ranks dial the other.
     server, port = host_store("127.0.0.1", 10)
     try:
-        client = SignedStore(join_store("localhost", port, 10), b"k" * 32, "run")
+        client = SealedStore(join_store("localhost", port, 10), b"k" * 32, "run")
         client.put("task/0", "here")
-        assert SignedStore(server, b"k" * 32, "run").get("task/0") == "here"
+        assert SealedStore(server, b"k" * 32, "run").get("task/0") == "here"
     finally:
         del server

@@ -3,15 +3,15 @@ import pickle
 
 import pytest
 
-from spark_dist.wire.signed_store import SignedStore, host_store, join_store
+from spark_dist.wire.sealed_store import SealedStore, host_store, join_store
 from spark_dist.wire.store_log import TAKE_LIMIT, StoreLog
 
 
 @pytest.fixture
 def stores():
     server, port = host_store("127.0.0.1", 10.0)
-    reader = SignedStore(server, b"s" * 32, "run")
-    writer = SignedStore(join_store("127.0.0.1", port, 10.0), b"s" * 32, "run")
+    reader = SealedStore(server, b"s" * 32, "run")
+    writer = SealedStore(join_store("127.0.0.1", port, 10.0), b"s" * 32, "run")
     yield reader, writer
 
 

@@ -1,22 +1,22 @@
-"""The run's store: one ``torch.distributed.TCPStore`` per attempt, with signed, pickled values.
+"""The run's store: one ``torch.distributed.TCPStore`` per attempt, with sealed, pickled values.
 
 The driver hosts it (the first task, under Connect). Tasks join it as clients, publish where they run, and read
 back the assignment computed for them: no Spark barrier sync on the launch path. ``init_process_group()`` joins
-the same store (TORCHELASTIC_USE_AGENT_STORE). Values are signed with a per-attempt secret and checked before
-anything is unpickled.
+the same store (TORCHELASTIC_USE_AGENT_STORE). Values are sealed (encrypted and authenticated) with keys derived from a
+per-attempt secret and opened before anything is unpickled; the keys sit under a prefix no one without the
+secret can name.
 """
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import pickle
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from ..errors import ConfigError
+from .sealing import Sealer, prefix_token
 
 _Bound = TypeVar("_Bound")
 
@@ -68,104 +68,102 @@ def bind_in_range(host: str, ports: Optional[Tuple[int, int]], key: str,
     raise ConfigError(f"{key}={first}-{last}: every port of the range is taken on {host}; widen the range")
 
 
-class SignedStore:
-    """A TCPStore with signed, pickled values under one key prefix.
+class SealedStore:
+    """A TCPStore whose values are pickled and sealed (:mod:`spark_dist.wire.sealing`: AES-GCM under a key
+    derived from ``secret``, bound to the value's key) under one key prefix that holds a random part derived
+    from the secret.
 
-    ``get`` verifies the HMAC before unpickling, so a stranger who reaches the port can neither make the
-    driver nor a task unpickle its bytes."""
+    A peer who reaches the port without the secret can neither name the run's keys, nor read a value, nor
+    write one that is opened: a value that does not open counts as absent and is never unpickled. Only the
+    unsealed counters (:meth:`counter`) are anyone's to change, so they are hints, never decisions."""
 
     def __init__(self, store, secret: bytes, prefix: str):
         self.raw = store
-        self._secret = secret
-        self._prefix = prefix
+        self._sealer = Sealer(secret)
+        self._prefix = f"{prefix}/{prefix_token(secret)}"
 
     def key(self, name: str) -> str:
         return f"{self._prefix}/{name}"
 
-    def _sign(self, name: str, data: bytes) -> bytes:
-        # The key is signed too: a valid value copied under another key (say, "abort") does not pass.
-        return hmac.new(self._secret, self.key(name).encode() + b"\0" + data, hashlib.sha256).digest()
+    def _sealed(self, name: str, value) -> bytes:
+        return self._sealer.seal(self.key(name), pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def _signed(self, name: str, value) -> bytes:
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        return self._sign(name, data) + data
-
-    def _verified(self, name: str, blob: bytes):
-        """The value in ``blob`` if we signed it under ``name`` (checked before unpickling), else ``FORGED``."""
-        mac, data = blob[:32], blob[32:]
-        if len(blob) < 32 or not hmac.compare_digest(mac, self._sign(name, data)):
-            return FORGED
-        return pickle.loads(data)
+    def _opened(self, name: str, blob: bytes):
+        """The value in ``blob`` if it was sealed under ``name`` with this store's secret (opened before
+        anything is unpickled), else ``FORGED``."""
+        data = self._sealer.open_sealed(self.key(name), blob)
+        return FORGED if data is None else pickle.loads(data)
 
     def put(self, name: str, value) -> None:
-        self.raw.set(self.key(name), self._signed(name, value))
+        self.raw.set(self.key(name), self._sealed(name, value))
 
     def get(self, name: str):
         """The value of ``name`` (which must exist).
 
         Raises:
-            PermissionError: it is not a value we signed (rejected unread).
+            PermissionError: it is not a value we sealed (rejected unread).
         """
-        value = self._verified(name, self.raw.get(self.key(name)))
+        value = self._opened(name, self.raw.get(self.key(name)))
         if value is FORGED:
-            raise PermissionError(f"store value {name!r} failed its signature check: rejected unread")
+            raise PermissionError(f"store value {name!r} did not open with the run's key: rejected unread")
         return value
 
     def lookup(self, name: str, default=None):
-        """The value of ``name`` when it holds one we signed, else ``default`` (absent or forged alike)."""
+        """The value of ``name`` when it holds one we sealed, else ``default`` (absent or forged alike)."""
         if not self.raw.check([self.key(name)]):
             return default
-        value = self._verified(name, self.raw.get(self.key(name)))
+        value = self._opened(name, self.raw.get(self.key(name)))
         return default if value is FORGED else value
 
     def has(self, name: str) -> bool:
-        """True when ``name`` holds a value we signed; a forged one counts as absent."""
+        """True when ``name`` holds a value we sealed; a forged one counts as absent."""
         return self.lookup(name, FORGED) is not FORGED
 
     def get_many(self, names: Sequence[str]) -> List[Any]:
         """The values of ``names`` (which must all exist) in one round trip; a forged one is ``FORGED``."""
         blobs = self.raw.multi_get([self.key(n) for n in names])
-        return [self._verified(n, blob) for n, blob in zip(names, blobs)]
+        return [self._opened(n, blob) for n, blob in zip(names, blobs)]
 
     def put_many(self, values: Dict[str, Any]) -> None:
         """``put`` for each name, in one round trip."""
-        self.raw.multi_set([self.key(n) for n in values], [self._signed(n, v) for n, v in values.items()])
+        self.raw.multi_set([self.key(n) for n in values], [self._sealed(n, v) for n, v in values.items()])
 
     def delete(self, name: str) -> None:
         """Forget ``name`` (absent already is fine)."""
         self.raw.delete_key(self.key(name))
 
     def counter(self, name: str, increment: int = 1) -> int:
-        """An unsigned counter: anyone who reaches the store can set it to anything, so callers use it only
-        as a hint (whether to look) and never as a count of work to do."""
+        """An unsealed counter: anyone who reaches the store and names its key can set it to anything, so
+        callers use it only as a hint (whether to look) and never as a count of work to do, nor as a sign of
+        life (beats and restart markers are sealed values)."""
         return int(self.raw.add(self.key(name), increment))
 
     # -- queues: the store log's records (see spark_dist.wire.store_log) ---------------------------------------
     def push(self, queue: str, value) -> None:
-        """Append ``value``, signed, to the FIFO ``queue``. The store applies a client's requests in order,
+        """Append ``value``, sealed, to the FIFO ``queue``. The store applies a client's requests in order,
         so a later round trip on this client (``queue_len``) returns only once it is in."""
-        self.raw.queue_push(self.key(queue), self._signed(queue, value))
+        self.raw.queue_push(self.key(queue), self._sealed(queue, value))
 
     def pop(self, queue: str):
         """The oldest value of ``queue``, removed from the store; ``EMPTY`` when there is none and ``FORGED``
-        for a value we did not sign (removed unread all the same)."""
+        for a value we did not seal (removed unread all the same)."""
         from torch.distributed import QueueEmptyError
 
         try:
             blob = self.raw.queue_pop(self.key(queue), False)
         except QueueEmptyError:
             return EMPTY
-        return self._verified(queue, blob)
+        return self._opened(queue, blob)
 
     def queue_len(self, queue: str) -> int:
         return int(self.raw.queue_len(self.key(queue)))
 
     def wait_for(self, name: str, timeout: float):
-        """Wait until ``name`` holds a value we signed and return it (the store wakes the waiter: no polling;
+        """Wait until ``name`` holds a value we sealed and return it (the store wakes the waiter: no polling;
         a forged value is waited past, polling then).
 
         Raises:
-            TimeoutError: no signed value appeared within ``timeout`` seconds.
+            TimeoutError: no sealed value appeared within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
         while True:
@@ -177,7 +175,7 @@ class SignedStore:
                     self.raw.wait([self.key(name)], timedelta(seconds=left))
                 except Exception:  # noqa: BLE001 -- torch's DistStoreError on its timeout: checked above
                     continue
-            value = self._verified(name, self.raw.get(self.key(name)))
+            value = self._opened(name, self.raw.get(self.key(name)))
             if value is not FORGED:
                 return value
             time.sleep(min(0.05, max(left, 0)))  # a forged value sits there: look again until ours replaces it
@@ -192,7 +190,7 @@ class _Marker:
 
 
 EMPTY = _Marker("EMPTY")  # pop: the queue holds nothing
-FORGED = _Marker("FORGED")  # a value that failed its signature check
+FORGED = _Marker("FORGED")  # a value that did not open: not sealed by us, or moved from another key
 
 
 def host_store(host: str, timeout: float, listener: Optional[socket.socket] = None):
