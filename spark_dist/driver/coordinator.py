@@ -94,8 +94,8 @@ class Coordinator:
         while not poll_until(poll) and not job_ended():
             now = time.monotonic()
             if not assigned and abort_at is None:
-                # Warm Python workers arrive within ~0.2 s: look every 2 ms then. Cold ones import torch first
-                # (seconds): look every 20 ms, and leave the cores to them (a 2 ms poll cost ~6% of a core).
+                # Warm Python workers arrive within the eager window: look often then. Cold ones import torch
+                # first: look less often after it, and leave the cores to them (BENCHMARKS.md, rendezvous).
                 poll = 0.002 if now - started < _EAGER_RENDEZVOUS_S else 0.02
                 tasks = self._arrived_tasks(n)
                 if tasks is not None:

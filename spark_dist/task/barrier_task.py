@@ -27,7 +27,8 @@ from ..host import tempdirs
 from ..errors import RankFailure
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, Abort, LaunchSpec, ResultChunk, TaskOutcome, TaskStatus,
                        assignment_key, beat_key, ended_key, stack_key, task_key)
-from .rank_process import child_main, die_with_parent, exit_rank, join_run_store
+from ..host.parent_death import die_with_parent
+from .rank_process import child_main, exit_rank, join_run_store
 from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
 from ..wire.sealed_store import SealedStore
 from ..wire.store_log import StoreLog

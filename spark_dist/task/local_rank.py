@@ -4,7 +4,8 @@ import pickle
 import sys
 import threading
 
-from .rank_process import child_main, die_with_parent, exit_rank
+from ..host.parent_death import die_with_parent
+from .rank_process import child_main, exit_rank
 
 if __name__ == "__main__":
     die_with_parent()

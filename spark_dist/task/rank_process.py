@@ -28,17 +28,6 @@ def join_run_store(spec: LaunchSpec) -> SealedStore:
     return SealedStore(join_store(spec.store_host, spec.store_port, spec.rendezvous_timeout), spec.secret, spec.prefix)
 
 
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies, so a killed Spark worker leaves no rank behind."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def exit_rank(code: int) -> None:
     """End a rank process: the exit handlers the rank registered itself (MLflow, TensorBoard and wandb flush
     their runs here; a forked rank cleared the worker's when it started), every buffered output line, then
