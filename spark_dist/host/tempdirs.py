@@ -187,3 +187,12 @@ def _alive(pid: int) -> bool:
 
 
 __all__ = ["make", "release", "sweep", "LOCK_NAME"]
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``, owner-only and atomic: a process killed mid-write leaves no half file for
+    its reader (a rank's supervisor) to read."""
+    partial = path + ".partial"
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(data)
+    os.replace(partial, path)

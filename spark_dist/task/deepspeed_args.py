@@ -15,6 +15,7 @@ import sys
 from typing import Any, Dict, Optional
 
 from ..errors import ConfigError
+from ..host.tempdirs import write_private
 from ..wire.protocol import Job
 
 CONFIG_FILE = "deepspeed_config.json"
@@ -72,7 +73,6 @@ def _config_file(job: Job, host: str, workdir: str):
             raise ConfigError(f"deepspeedConfig file {given!r} exists neither on this host ({host}) nor on "
                               f"the driver: pass a path every executor can read, or the config as a dict")
         return None, None
-    from .rank_process import write_private
 
     path = os.path.join(workdir, CONFIG_FILE)
     write_private(path, job.deepspeed_config_text.encode("utf-8"))

@@ -21,6 +21,7 @@ from ..wire.ranks import RankInfo
 from ..wire.sealed_store import SealedStore, join_store
 from ..wire.store_log import StoreLog
 from . import deepspeed_args
+from ..host.tempdirs import write_private
 from .warm_imports import IMPORTED_DYNAMO
 
 
@@ -173,14 +174,6 @@ def _try_pickle(exc: BaseException) -> Optional[bytes]:
         return data
     except Exception:
         return None
-
-
-def write_private(path: str, data: bytes) -> None:
-    """Owner-only, and atomic: a rank killed mid-write leaves no half file for its supervisor to read."""
-    partial = path + ".partial"
-    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-    os.replace(partial, path)
 
 
 class _Reporter:
