@@ -21,6 +21,7 @@ CONF_SLOT_WAIT = "spark.dist.slotWaitTimeout"
 CONF_RETRY_SLOT_WAIT = "spark.dist.retrySlotWaitTimeout"
 CONF_MIN_PROCESSES = "spark.dist.minProcesses"
 CONF_MAX_PREEMPTIONS = "spark.dist.maxPreemptions"
+CONF_MAX_SHORT_GROWS = "spark.dist.maxShortGrows"
 CONF_HOST_LOST_TIMEOUT = "spark.dist.hostLostTimeout"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
@@ -31,7 +32,7 @@ CONF_HOROVOD_RENDEZVOUS_PORT = "spark.dist.horovod.rendezvousPort"
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
                 CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL,
-                CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_MIN_PROCESSES, CONF_MAX_PREEMPTIONS,
+                CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_MIN_PROCESSES, CONF_MAX_PREEMPTIONS, CONF_MAX_SHORT_GROWS,
                 CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
                 CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
@@ -181,6 +182,10 @@ class RunConfig:
     # An elastic run (min_processes < num_processes) may run an attempt on fewer ranks, down to this many.
     min_processes: int = 0  # 0: num_processes (fixed size)
     max_preemptions: int = 10  # restarts after a decommissioned executor, a budget apart from max_retries
+    max_short_grows: int = 5  # grows whose next attempt got fewer than num_processes ranks; then no more grows
+    # An attempt's own (the Distributor sets it): how long the missing ranks' slots must stay free before the
+    # attempt stops to grow; longer after each grow that fell short, inf once max_short_grows are spent.
+    grow_wait: float = 0.0
     backend: str = "ddp"
     local_mode: bool = False
     use_gpu: bool = False
@@ -215,6 +220,10 @@ class RunConfig:
     def elastic(self) -> bool:
         """Whether an attempt may run on fewer ranks than ``num_processes`` (``min_processes`` below it)."""
         return 0 < self.min_processes < self.num_processes
+
+    def job_tag(self, attempt: int) -> str:
+        """The job group (tag under Spark Connect) of the run's attempt ``attempt``: what cancels its job."""
+        return f"spark_dist-{self.run_id}-{attempt}"
 
     def job_description(self, attempt: int) -> str:
         """What the Spark UI shows for the run's job: run id, attempt, ranks and backend."""
@@ -306,6 +315,7 @@ class RunConfig:
             num_processes=num_processes,
             min_processes=min_processes,
             max_preemptions=_conf_count(conf, CONF_MAX_PREEMPTIONS, 10),
+            max_short_grows=_conf_count(conf, CONF_MAX_SHORT_GROWS, 5),
             backend=backend,
             local_mode=bool(local_mode),
             use_gpu=bool(use_gpu),

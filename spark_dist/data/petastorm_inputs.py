@@ -16,7 +16,6 @@ footers, column kinds from the schema, the values measured by one aggregation jo
 :func:`source` checks needs no Spark job (the Unischema, its codecs, the files, their schema from one footer), so a
 dataset that cannot be read is refused before any job of the call, and so before any rank starts.
 """
-import io
 import os
 import sys
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,7 @@ from ..spark import session
 from .handle import BINARY, DatasetError, DatasetHandle, local_path, open_parquet, readable_url
 from .petastorm_codecs import COMPRESSED_NDARRAY, IMAGE, NDARRAY, CodecColumn, fixed_shape, image_decoder
 from .schema import by_position, column_kinds
+from . import unischema_pickle
 
 _CONVERTER_MODULE = "petastorm.spark.spark_dataset_converter"
 UNISCHEMA_KEY = b"dataset-toolkit.unischema.v1"  # where materialize_dataset keeps the pickled Unischema
@@ -138,10 +138,14 @@ def read_unischema(name: str, url: str):
     """The Unischema ``materialize_dataset`` kept in the dataset's ``_common_metadata`` (as Petastorm's own
     ``get_schema`` reads it), read with pyarrow as the ranks read the files.
 
+    The Unischema is unpickled by :mod:`.unischema_pickle`, which loads only an allowlist of exact names: the
+    dataset's files may be writable by others, and a pickle can call any function it names.
+
     Raises:
         DatasetError: no such directory, no ``_common_metadata`` or no Unischema in it (the message says what
-            to pass instead), a file that cannot be read, a codec of a module Petastorm's reader does not load
-            (the user's own: the message names the field), or a Unischema that does not unpickle otherwise.
+            to pass instead), a file that cannot be read, a codec class outside the allowlist (the user's own:
+            the message names the field), any other name outside it (the message names the file and the
+            name; nothing of it is loaded), or a Unischema that does not unpickle otherwise.
     """
     import pyarrow.parquet as pq
 
@@ -174,39 +178,20 @@ def read_unischema(name: str, url: str):
             f"spark.read.parquet({url!r}) instead; for a Petastorm dataset that lost its metadata, run Petastorm's "
             "petastorm-generate-metadata.py on it first", name)
     try:
-        from petastorm.etl.legacy import depickle_legacy_package_name_compatible
-
-        return depickle_legacy_package_name_compatible(blob)  # Petastorm's own: classes of safe modules only
-    except Exception as exc:  # noqa: BLE001 -- a class outside them (a codec of the user's), a broken pickle, ...
-        for f in getattr(_with_foreign_classes(blob), "fields", {}).values():
-            if isinstance(f.codec, _Foreign):
+        return unischema_pickle.loads(blob)  # exact names only: a pickle can call any function it names
+    except unischema_pickle.ForbiddenGlobal as forbidden:
+        for f in getattr(unischema_pickle.loads_with_stand_ins(blob), "fields", {}).values():
+            if isinstance(f.codec, unischema_pickle.Foreign):  # a codec class of the user's
                 raise _unknown_codec(name, f.name, f.codec.qualified) from None
-        raise DatasetError(f"dataset {name!r}: the Unischema of {url} cannot be read ({type(exc).__name__}: {exc}); "
-                           f"spark_dist, as Petastorm's reader, loads only Petastorm's, numpy's and PySpark's classes "
-                           f"from it, and decodes only Petastorm's codecs ({', '.join(KNOWN_CODECS)})", name) from exc
-
-
-class _Foreign:
-    """Stands for a class a Unischema names outside the modules Petastorm's reader loads; never imported."""
-
-    qualified = ""
-
-
-def _with_foreign_classes(blob: bytes):
-    """The Unischema with :class:`_Foreign` stand-ins for the classes Petastorm's reader refuses to load (so that
-    the error can name the field whose codec is one); ``None`` where it does not unpickle even so."""
-    from petastorm.etl.legacy import RestrictedUnpickler, safe_modules
-
-    class Lenient(RestrictedUnpickler):
-        def find_class(self, module, name):
-            if module.split(".")[0] in safe_modules:
-                return super().find_class(module, name)
-            return type(name, (_Foreign,), {"__module__": module, "qualified": f"{module}.{name}"})
-
-    try:
-        return Lenient(io.BytesIO(blob)).load()
-    except Exception:  # noqa: BLE001 -- the caller raises its own error
-        return None
+        raise DatasetError(f"dataset {name!r}: {meta_url} names {forbidden.qualified}, which is not among the "
+                           "classes a Unischema is made of (Petastorm's Unischema and codecs, numpy's, PySpark's "
+                           "types); refused without loading it, since unpickling it could run any code. Whoever "
+                           "can write that file can run code here: regenerate it, or read the dataset with "
+                           f"spark.read.parquet({url!r})", name) from None
+    except Exception as exc:  # noqa: BLE001 -- a broken pickle, an allowed class this process cannot import
+        raise DatasetError(f"dataset {name!r}: the Unischema in {meta_url} cannot be read ({type(exc).__name__}: "
+                           f"{exc}); spark_dist loads only Petastorm's, numpy's and PySpark's classes from it, and "
+                           f"decodes only Petastorm's codecs ({', '.join(KNOWN_CODECS)})", name) from exc
 
 
 def _unknown_codec(name: str, field_name: str, qualified: str) -> DatasetError:

@@ -166,18 +166,20 @@ class Distributor:
         """Attempt after attempt until one succeeds, or the failures are not worth another. An attempt that
         stopped at a checkpoint when the driver asked (:class:`~spark_dist.errors.RunResized`: a preemption, an
         elastic run's grow) is followed by the next, not counted as a retry; preemptions have a budget of their
-        own (``spark.dist.maxPreemptions``)."""
+        own (``spark.dist.maxPreemptions``), and grows back off after one that fell short
+        (:class:`~spark_dist.driver.elastic.ShortGrows`, ``spark.dist.maxShortGrows``)."""
         started = time.monotonic()
         failures_seen: List[RankFailure] = []  # the last attempt that failed (a resize is no failure)
         ended: List[RankFailure] = []  # how the last attempt ended: its failures, or rank 0's resize
-        retries, previous_size, preemptions = 0, 0, 0
+        retries, previous_size, preemptions, short_grows = 0, 0, 0, elastic.ShortGrows(config)
         for attempt in itertools.count():
             if attempt and config.elastic and not config.local_mode:
                 size = self._retry_size(config, spark, ended, previous_size, attempt, started)
             elif attempt:  # a lost executor may still be coming back
                 self._wait_to_retry(config, spark, failures_seen, attempt, started)
             self._attempt_started(config, attempt, size, previous_size, ended)
-            sized = config if size == config.num_processes else dataclasses.replace(config, num_processes=size)
+            sized = config if size == config.num_processes else dataclasses.replace(
+                config, num_processes=size, grow_wait=short_grows.wait_for(ended, size))
             # no eviction of these caches while the ranks read them; the job only once its slots are free
             with cache.kept(handles), self._slots(spark, sized, attempt) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time

@@ -13,21 +13,31 @@ Invariants:
   ``still`` seconds (the failed attempt's own tasks on the hosts left have ended), or after ``settle`` seconds,
   without waiting out ``spark.dist.retrySlotWaitTimeout`` for the lost ones;
 - under Spark Connect the client has no count of free slots: a retry runs without the ranks the last attempt
-  lost, and grows back only at a later retry (no grow check while it runs).
+  lost, and grows back only at a later retry (no grow check while it runs);
+- a running attempt stops to grow once the missing ranks' slots have stayed free for its ``grow_wait``: none
+  at first; after a grow whose next attempt still got fewer than ``num_processes`` ranks (the slots were
+  taken again first), :data:`GROW_BACKOFF_S`, doubled after each further one; after
+  ``spark.dist.maxShortGrows`` such grows, never (the run goes on at its size);
+- a preemption is ours when a decommissioned executor runs one of our tasks, by executor id where the status
+  store says which executor runs each task, by host only where it cannot say.
 """
 from __future__ import annotations
 
+import logging
+import math
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Set
 
-from ..config import CONF_MAX_PREEMPTIONS, CONF_MIN_PROCESSES, CONF_RETRY_SLOT_WAIT, RunConfig
+from ..config import CONF_MAX_PREEMPTIONS, CONF_MAX_SHORT_GROWS, CONF_MIN_PROCESSES, CONF_RETRY_SLOT_WAIT, RunConfig
 from ..errors import ConfigError, RankFailure
 from ..spark import session
 from ..wire.protocol import PREEMPTED
 from ..wire.ranks import TaskInfo
 
+log = logging.getLogger("spark_dist")
 _RECHECK_S = 0.25
 STILL_S = 2.0  # a free-slot count that stood still this long has settled (the failed attempt's tasks ended)
+GROW_BACKOFF_S = 30.0  # the missing slots' free time a grow needs after one that fell short; doubled each time
 
 
 def stop_of(failures: List[RankFailure]) -> Optional[RankFailure]:
@@ -116,20 +126,19 @@ def watch(config: RunConfig, spark, full: int) -> Optional[Callable[[Sequence[Ta
     ``num_processes`` the attempt's ranks; ``full``: the run's ``num_processes``), ``None`` where it can check
     nothing (local mode, Spark Connect): given where the attempt's tasks run, why it should stop at its next
     checkpoint, else ``None``. Two reasons, in this order: an executor running a rank is being decommissioned
-    (every run: ``PREEMPTED`` and the executors; found by the barrier stage's executors, or by host where the
-    status store does not say, or not yet), or, for an elastic run's attempt below ``full``, the slots of the missing ranks
-    are free again (a grow)."""
+    (every run: ``PREEMPTED`` and the executors; see :func:`_ours`), or, for an elastic run's attempt below
+    ``full``, the slots of the missing ranks have stayed free for the attempt's ``grow_wait`` (a grow; never
+    where it is infinite: the run's grows that fell short are spent)."""
     if config.local_mode or spark is None or session.is_connect(spark):
         return None
     size = config.num_processes
-    missing = (full - size) // config.processes_per_task
+    missing = (full - size) // config.processes_per_task if math.isfinite(config.grow_wait) else 0
+    free_since: List[float] = []  # since when the missing slots are free (empty: taken at the last check)
 
     def check(tasks: Sequence[TaskInfo]) -> Optional[str]:
         gone = session.decommissioning_hosts(spark) or {}
         if gone:
-            # The status store lists a running stage's executors only after its first flush (an executor's
-            # heartbeat, up to 10 s in): until then, none listed means unknown, and the hosts decide.
-            ours = (session.stage_executors(spark, tasks[0].stage) if tasks else None) or None
+            ours = _ours(spark, tasks)
             hosts = {t.host for t in tasks}
             gone = {e: h for e, h in gone.items() if (e in ours if ours is not None else h in hosts)}
         mine = sorted(f"executor {e} on {h}" for e, h in gone.items())
@@ -137,11 +146,58 @@ def watch(config: RunConfig, spark, full: int) -> Optional[Callable[[Sequence[Ta
             return f"{PREEMPTED}{', '.join(mine)} being decommissioned"
         if missing:
             free = session.free_task_slots(spark)
-            if free is not None and free >= missing:
+            if free is None or free < missing:
+                free_since.clear()
+                return None
+            now = time.monotonic()
+            if not free_since:
+                free_since.append(now)
+            if now - free_since[0] >= config.grow_wait:
                 more = full - size
                 return f"free slots for {more} more rank{'s' * (more > 1)}: growing to {full}"
         return None
     return check
+
+
+def _ours(spark, tasks: Sequence[TaskInfo]) -> Optional[Set[str]]:
+    """The ids of the executors running ``tasks``, where the status store can say: from each task's own record
+    (written as the task starts) once every task has one, else from the stage's executor summaries (written at
+    the store's first flush, an executor heartbeat in); ``None`` where it cannot say yet: the hosts decide then.
+    The tasks' own ``host:port`` cannot be matched instead: it is the executor's connection to the driver,
+    which the status store does not record (its ``hostPort`` is the block manager's)."""
+    if not tasks:
+        return None
+    by_task = session.stage_task_executors(spark, tasks[0].stage)
+    if by_task and all(t.partition in by_task for t in tasks):
+        return {by_task[t.partition] for t in tasks}
+    return session.stage_executors(spark, tasks[0].stage) or None
+
+
+def grow_wait(config: RunConfig, short_grows: int) -> float:
+    """An attempt's ``grow_wait`` after ``short_grows`` grows that fell short: 0, then :data:`GROW_BACKOFF_S`,
+    doubled each time; infinite (no more grows) past ``spark.dist.maxShortGrows``."""
+    if short_grows > config.max_short_grows:
+        return math.inf
+    return 0.0 if not short_grows else GROW_BACKOFF_S * 2 ** (short_grows - 1)
+
+
+class ShortGrows:
+    """An elastic run's count of grows that fell short (the attempt after a grow stop got fewer than
+    ``num_processes`` ranks), and the ``grow_wait`` each attempt gets from it."""
+
+    def __init__(self, config: RunConfig):
+        self.config, self.count = config, 0
+
+    def wait_for(self, ended: List[RankFailure], size: int) -> float:
+        """The ``grow_wait`` of the next attempt, of ``size`` ranks, after the last one ended with ``ended``."""
+        stop = stop_of(ended)
+        if stop is not None and not is_preemption(stop) and size < self.config.num_processes:
+            self.count += 1
+            if self.count > self.config.max_short_grows:
+                log.warning("spark_dist: run %s grew %d times without getting its %d ranks (%s=%d): it goes on "
+                            "at %d ranks, without growing", self.config.run_id, self.count,
+                            self.config.num_processes, CONF_MAX_SHORT_GROWS, self.config.max_short_grows, size)
+        return grow_wait(self.config, self.count)
 
 
 def resize_record(config: RunConfig, attempt: int, size: int, previous_size: int,

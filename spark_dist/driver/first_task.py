@@ -10,7 +10,8 @@ relaunches the attempt on another port (not counted as a retry).
 
 What comes back: every task's records and, from the first task, what its coordinator saw (:class:`Watched`).
 The ranks' ``ctx.report`` records and printed lines reach the client with it, at the end of the attempt:
-Connect has no channel from executors to the client while a job runs. A host that went silent would keep the
+Connect has no channel from executors to the client while a job runs. Both are bounded tails, with a count
+of what was dropped (:class:`~.report_tail.ReportTail`, :class:`~spark_dist.task.output.OutputTail`). A host that went silent would keep the
 job from ending, so the first task then fails the stage on purpose, carrying what it saw in its error
 (:func:`verdict`, read back by :func:`verdict_in`).
 
@@ -38,6 +39,7 @@ from ..wire.protocol import ABORT, Abort, LaunchSpec
 from ..wire.sealed_store import SealedStore, bind_listener, host_store
 from ..wire.sealing import Sealer
 from .outcome import Seen
+from .report_tail import ReportTail
 
 VERDICT = "spark_dist-verdict"  # brackets what the first task saw, in the error that fails the stage
 PORT_TAKEN = "spark_dist-store-port-taken"
@@ -72,7 +74,7 @@ def configured_ports_taken(ports: Tuple[int, int], tried: List[int], error_text:
 
 @dataclass(frozen=True)
 class Watched:
-    """What the first task's coordinator saw, and the reports it relayed."""
+    """What the first task's coordinator saw, and the reports it relayed (a bounded tail: :mod:`.report_tail`)."""
 
     seen: Seen
     reports: tuple
@@ -119,14 +121,14 @@ def host_and_watch(config: RunConfig, time_left: Optional[float], spec: LaunchSp
     server, _ = host_store(spec.store_host, spec.rendezvous_timeout, listener)
     store = SealedStore(server, spec.secret, spec.prefix)
     backend = get_backend(config.backend, config)
-    reports: List[dict] = []
+    reports = ReportTail()  # the client gets the reports only at the end too: each rank's latest, and a count
     lines = output.OutputTail()  # the client gets the lines only at the end: a bounded tail of each rank's
     give_up = threading.Event()
     deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
     config = dataclasses.replace(config, driver_host=spec.store_host)
     # No Spark job to wait for here: the watch ends once every rank has ended, or on give_up.
     coordinator = Coordinator(store, config, spec, backend, job_ended=None, cancel=give_up.set,
-                              on_report=reports.append, deadline=deadline, host=spec.store_host,
+                              on_report=reports, deadline=deadline, host=spec.store_host,
                               on_output=lines)
     crashed: List[BaseException] = []
 
@@ -151,7 +153,7 @@ def host_and_watch(config: RunConfig, time_left: Optional[float], spec: LaunchSp
                 from crashed[0]
         coordinator.drain_reports(final=True)
         coordinator.drain_output(final=True)
-        watched = Watched(coordinator.seen(), tuple(reports), lines.items())
+        watched = Watched(coordinator.seen(), reports.items(), lines.items())
     finally:
         backend.stop()
     if coordinator.lost_ranks:

@@ -99,21 +99,25 @@ def prefetched(data: Iterator[Any], convert: Callable[[Any], Any]) -> Iterator[A
     stop = threading.Event()
     done = object()
 
+    def offer(entry) -> bool:
+        """Hand ``entry`` to the consumer; False once it stopped (it will take nothing more)."""
+        while not stop.is_set():
+            try:
+                ahead.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # Every put goes through offer(): the thread ends once the consumer stops, whichever entry it holds.
     def read() -> None:
         try:
             for item in data:
-                item = (convert(item), None)
-                while not stop.is_set():
-                    try:
-                        ahead.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((convert(item), None)):
                     return
-            ahead.put((done, None))
+            offer((done, None))
         except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, raised there
-            ahead.put((None, exc))
+            offer((None, exc))
 
     reader = threading.Thread(target=read, name="spark_dist-predict-input", daemon=True)
     reader.start()

@@ -64,6 +64,20 @@ def stage_executors(sc, stage: int) -> Set[str]:
     return found
 
 
+_MAX_TASKS = 1 << 30  # taskList's bound (a Scala Int): every task of the stage
+
+
+def stage_task_executors(sc, stage: int) -> Dict[int, str]:
+    """Task index -> executor id of attempt 0 of stage ``stage``'s tasks, as the status store records them when
+    each task starts (unlike the stage's executor summaries, written at the store's next flush); no Spark job."""
+    tasks = sc._jsc.sc().statusStore().taskList(stage, 0, _MAX_TASKS).iterator()
+    found = {}
+    while tasks.hasNext():
+        task = tasks.next()
+        found[int(task.index())] = str(task.executorId())
+    return found
+
+
 def executor_hosts(sc) -> List[str]:
     """The hosts of the executors registered now (the driver's entry included); no Spark job."""
     return [info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos()]

@@ -126,6 +126,18 @@ def stage_executors(spark, stage: int) -> Optional[Set[str]]:
         return None
 
 
+def stage_task_executors(spark, stage: int) -> Optional[Dict[int, str]]:
+    """Task index -> the id of the executor running it, for stage ``stage`` on a classic session
+    (:func:`~spark_dist.spark.jvm.stage_task_executors`); ``None`` under Spark Connect or where the status store
+    cannot be read."""
+    if is_connect(spark) or stage < 0:
+        return None
+    try:
+        return jvm.stage_task_executors(spark.sparkContext, stage)
+    except Exception:  # noqa: BLE001 -- Spark internals through py4j: the caller falls back
+        return None
+
+
 def slots_from_conf(conf: Dict[str, str]) -> Optional[int]:
     """The slot count the conf tells (see :func:`task_slots`), ``None`` when it does not; a pure function."""
     name = conf.get("spark.master", "")

@@ -79,6 +79,7 @@ class LineBuffer:
             _, emitted, _ = self._progress.get(stream, ("", 0.0, False))
             if now - emitted >= PROGRESS_EVERY_S:
                 self._lines.append((stream, state))
+                self._bytes += len(state)  # take() subtracts every line it takes: count each one added
                 self._progress[stream] = (state, now, False)
             else:
                 self._progress[stream] = (state, emitted, True)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import threading
 from typing import Any, Dict, List, Optional
 
+from ..config import RunConfig
 from ..driver import tracking
 from ..driver.distributor import Distributor
+from ..errors import RankFailure
 from ..spark import session
 from .objective import reported, step_of
 
@@ -44,6 +46,8 @@ class TrialRun(Distributor):
         self.last_value: Optional[float] = None
         self.pruned_at: Optional[int] = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._tags: List[str] = []  # the job tag of every attempt this run started: what stop() cancels
 
     def _on_report(self, record: Dict[str, Any]) -> None:
         super()._on_report(record)
@@ -71,18 +75,30 @@ class TrialRun(Distributor):
         if self._stop.is_set():
             raise Stopped(f"trial {self.trial.number}: the study was interrupted")
 
+    def _attempt_started(self, config: RunConfig, attempt: int, size: int, previous_size: int,
+                         failures: List[RankFailure]) -> None:
+        # Recorded before the check: a stop() from now on cancels this attempt's job; one before it, none starts.
+        with self._lock:
+            self._tags.append(config.job_tag(attempt))
+        if self._stop.is_set():
+            raise Stopped(f"trial {self.trial.number}: the study was interrupted")
+        super()._attempt_started(config, attempt, size, previous_size, failures)
+
     def stop(self, spark) -> None:
-        """From another thread: end this run (its next report or progress ends the watch; its job is
-        cancelled now, which a run treats as the user's cancel: no retry)."""
+        """From another thread: end this run. The attempt running now ends at its next report or progress
+        (local mode: only then), its job is cancelled now (which a run treats as the user's cancel: no retry),
+        and no further attempt starts. Every attempt the run started is cancelled by its job tag: retries,
+        restarts after a preemption and elastic resizes alike."""
         self._stop.set()
-        run_id = self.last_run_id
-        if run_id is None or spark is None or self._args["local_mode"]:
+        if spark is None or self._args["local_mode"]:
             return
         if self._lane is not None:
             self._lane.cancel()
             return
-        for attempt in range(self._args["max_retries"] + 1):
+        with self._lock:
+            tags = list(self._tags)
+        for tag in tags:
             try:
-                session.cancel(spark, f"spark_dist-{run_id}-{attempt}")
+                session.cancel(spark, tag)
             except Exception:  # noqa: BLE001 -- the session may be going down with the interrupt
                 pass

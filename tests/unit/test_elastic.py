@@ -183,3 +183,148 @@ def test_a_run_preempted_past_its_budget_fails_naming_the_key_and_the_last_execu
     assert "preempted more than spark.dist.maxPreemptions=3 times; the last: executor 7 on 10.213.0.3" in str(error)
     with pytest.raises(ConfigError, match="spark.dist.maxPreemptions='many' is not a count"):
         RunConfig.build(num_processes=2, spark_conf={"spark.dist.maxPreemptions": "many"})
+
+
+# -- while an attempt runs: a preemption is ours by executor, a grow backs off after one that fell short -------
+def _watching(monkeypatch, gone=None, stage=None, by_task=None, free=None):
+    """Spark's answers as elastic.watch reads them through spark_dist.spark.session, all given."""
+    from spark_dist.spark import session
+
+    monkeypatch.setattr(session, "is_connect", lambda spark: False)
+    monkeypatch.setattr(session, "decommissioning_hosts", lambda spark: dict(gone or {}))
+    monkeypatch.setattr(session, "stage_executors", lambda spark, stage_id: stage)
+    monkeypatch.setattr(session, "stage_task_executors", lambda spark, stage_id: by_task, raising=False)
+    monkeypatch.setattr(session, "free_task_slots", lambda spark: free() if callable(free) else free)
+
+
+def _tasks():
+    from spark_dist.wire.ranks import TaskInfo
+
+    return [TaskInfo(0, "10.0.0.5", (), "10.0.0.5:41001", 0, 12), TaskInfo(1, "10.0.0.6", (), "10.0.0.6:41002", 1, 12)]
+
+
+def test_a_neighbour_executor_decommissioned_on_our_host_is_not_our_preemption(monkeypatch):
+    fixed = RunConfig.build(num_processes=2)
+    # Executor 7 shares 10.0.0.5 with our executor 3; the stage's executor summaries are not flushed yet, but
+    # the status store has each task's executor since the task started.
+    _watching(monkeypatch, gone={"7": "10.0.0.5"}, stage=None, by_task={0: "3", 1: "4"})
+    assert elastic.watch(fixed, object(), 2)(_tasks()) is None
+    _watching(monkeypatch, gone={"3": "10.0.0.5", "7": "10.0.0.5"}, stage=None, by_task={0: "3", 1: "4"})
+    assert elastic.watch(fixed, object(), 2)(_tasks()) == "preempted: executor 3 on 10.0.0.5 being decommissioned"
+    # Where the status store can say nothing of the tasks, the hosts decide.
+    _watching(monkeypatch, gone={"7": "10.0.0.5"}, stage=None, by_task=None)
+    assert elastic.watch(fixed, object(), 2)(_tasks()).startswith("preempted: executor 7")
+    _watching(monkeypatch, gone={"7": "10.0.0.5"}, stage=None, by_task={0: "3"})  # task 1 not recorded yet
+    assert elastic.watch(fixed, object(), 2)(_tasks()).startswith("preempted: executor 7")
+
+
+def test_the_status_stores_tasks_name_their_executors():
+    from spark_dist.spark import jvm
+
+    class Seq:
+        def __init__(self, items):
+            self.items = items
+
+        def iterator(self):
+            it = iter(self.items)
+            box = {"next": next(it, None)}
+
+            class Iterator:
+                def hasNext(self):
+                    return box["next"] is not None
+
+                def next(self):
+                    value, box["next"] = box["next"], next(it, None)
+                    return value
+            return Iterator()
+
+    class Task:
+        def __init__(self, index, executor):
+            self._index, self._executor = index, executor
+
+        def index(self):
+            return self._index
+
+        def executorId(self):
+            return self._executor
+
+    class Store:
+        def taskList(self, stage, attempt, most):
+            assert (stage, attempt) == (12, 0)
+            return Seq([Task(1, "4"), Task(0, "3")])
+
+    class SC:
+        def statusStore(self):
+            return Store()
+
+    class JSC:
+        def sc(self):
+            return SC()
+
+    class Context:
+        _jsc = JSC()
+
+    assert jvm.stage_task_executors(Context(), 12) == {0: "3", 1: "4"}
+
+
+def test_a_grow_that_fell_short_backs_off_and_the_grows_have_a_budget(monkeypatch, tmp_path):
+    """Slots that flicker: each time the missing ranks' slots show free the attempt stops to grow, and each time
+    the next attempt gets only 2 of the 4 ranks. The run stops growing after its budget, not never."""
+    import cloudpickle
+
+    from spark_dist.driver import distributor
+    from spark_dist.driver.outcome import Outcome
+
+    waits = []
+
+    class Flickering:
+        """An attempt on fewer ranks stops to grow when its watch would (a short wait counts as free slots)."""
+
+        def __init__(self, owner, sized, *args):
+            self.sized = sized
+
+        def run(self):
+            wait = getattr(self.sized, "grow_wait", 0.0)
+            waits.append(wait)
+            assert len(waits) < 30, "the run kept stopping to grow"
+            if self.sized.num_processes < 4 and wait < 1e9:
+                return Outcome(failures=[RankFailure(0, "h", "resized", "free slots for 2 more ranks: growing to 4")])
+            return Outcome(result_bytes=cloudpickle.dumps("done"))
+
+    monkeypatch.setattr(distributor, "Attempt", Flickering)
+    monkeypatch.setattr(distributor.Distributor, "_retry_size", lambda self, *args: 2)
+    monkeypatch.setattr(distributor.Distributor, "_slots", lambda self, *args: _no_wait())
+    run = distributor.Distributor(num_processes=4, min_processes=2, verbose=False)
+    config = RunConfig.build(num_processes=4, min_processes=2, run_id="flicker",
+                             spark_conf={"spark.dist.maxShortGrows": "3"})
+    assert run._attempts(config, None, None, b"", {}, str(tmp_path), 2) == "done"
+    assert waits[:4] == [0.0, elastic.GROW_BACKOFF_S, 2 * elastic.GROW_BACKOFF_S, 4 * elastic.GROW_BACKOFF_S]
+    assert len(waits) == 5 and waits[4] == float("inf")  # the budget spent: it goes on at its size
+    with pytest.raises(ConfigError, match="spark.dist.maxShortGrows='x' is not a count"):
+        RunConfig.build(num_processes=4, min_processes=2, spark_conf={"spark.dist.maxShortGrows": "x"})
+
+
+def _no_wait():
+    import contextlib
+
+    return contextlib.nullcontext(0.0)
+
+
+def test_a_grow_waits_until_the_missing_slots_stayed_free_for_the_attempts_grow_wait(monkeypatch):
+    import dataclasses
+    import types
+
+    now = [0.0]
+    monkeypatch.setattr(elastic, "time", types.SimpleNamespace(monotonic=lambda: now[0], time=time.time,
+                                                               sleep=time.sleep))
+    free = iter([2, 2, 1, 2, 2, 2, 2])
+    _watching(monkeypatch, free=lambda: next(free))
+    attempt = dataclasses.replace(config(), num_processes=2, grow_wait=30.0)
+    check = elastic.watch(attempt, object(), 4)
+    seen = []
+    for t in (0, 20, 25, 30, 50, 59, 61):  # free, free, taken again (the clock restarts), then free from 30 on
+        now[0] = float(t)
+        seen.append(check(_tasks()))
+    assert seen[:6] == [None] * 6 and seen[6] == "free slots for 2 more ranks: growing to 4"
+    _watching(monkeypatch, free=2)
+    assert elastic.watch(dataclasses.replace(attempt, grow_wait=float("inf")), object(), 4)(_tasks()) is None

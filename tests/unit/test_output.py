@@ -28,3 +28,16 @@ def test_a_broken_channel_leaves_the_lines_in_the_executor_log_and_warns_once(ca
     reader.join()
     assert executor_log.getvalue() == b"before the break\nafter the break\nand later\n"
     assert capsys.readouterr().err.count("rank 0's output no longer reaches the driver") == 1
+
+
+def test_progress_states_count_into_the_buffer_bound_and_taking_them_returns_it_to_zero():
+    from spark_dist.task import output
+    from spark_dist.task.output import LineBuffer
+
+    lines = LineBuffer()
+    for i in range(5):
+        lines.progress("stderr", f"{i}" * 50 + "\r")  # each update is due now: appended at once
+        assert lines._bytes == 51
+        assert lines.take(final=True) == [("stderr", f"{i}" * 50 + "\r")]
+        assert lines._bytes == 0
+        lines._progress["stderr"] = ("", time.monotonic() - output.PROGRESS_EVERY_S, False)  # the next is due

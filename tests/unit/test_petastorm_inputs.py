@@ -167,7 +167,8 @@ def test_what_cannot_be_read_is_refused_naming_the_dataset(tmp_path, opencv_clai
     write_dataset(broken)
     pq.write_metadata(pa.schema([("id", pa.int64())]).with_metadata({inputs.UNISCHEMA_KEY: b"not a pickle"}),
                       str(broken / "_common_metadata"))
-    with pytest.raises(DatasetError, match="dataset 'train': the Unischema of .*broken cannot be read"):
+    with pytest.raises(DatasetError, match="dataset 'train': the Unischema in .*broken/_common_metadata cannot be "
+                                           "read"):
         inputs.read_unischema("train", "file://" + str(broken))
 
     class Subclass(type(unischema().fields["m"].codec)):   # Petastorm's class name, another module or class
@@ -180,6 +181,28 @@ def test_what_cannot_be_read_is_refused_naming_the_dataset(tmp_path, opencv_clai
                                            r"\(opencv-python\) nor Pillow is installed"):
         inputs.codec_columns("train", unischema())
 
+
+
+def test_a_unischema_naming_any_other_function_is_refused_unrun_naming_the_file(tmp_path, opencv_claimed):
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    for payload in (b"cbuiltins\neval\n(" + pickle.dumps(code, protocol=0)[:-1] + b"tR.",   # Petastorm's allows it
+                    b"cposix\nsystem\n(S'true'\ntR.",
+                    b"cbuiltins\ngetattr\n(cbuiltins\nobject\nS'__subclasses__'\ntR."):
+        url = write_dataset(tmp_path / "evil")
+        pq.write_metadata(pa.schema([("id", pa.int64())]).with_metadata({inputs.UNISCHEMA_KEY: payload}),
+                          str(tmp_path / "evil" / "_common_metadata"))
+        with pytest.raises(DatasetError, match=r"dataset 'train': .*evil/_common_metadata names "
+                                               r"(builtins\.eval|posix\.system|builtins\.getattr)") as info:
+            inputs.read_unischema("train", url)
+        assert info.value.dataset == "train"
+        assert not marker.exists()
+    legacy = pickle.dumps(unischema(), protocol=0)   # as Petastorm's former package wrote it: still read
+    legacy = legacy.replace(b"cpetastorm.unischema\n", b"cav.ml.dataset_toolkit.unischema\n")
+    url = write_dataset(tmp_path / "legacy")
+    pq.write_metadata(pa.schema([("id", pa.int64())]).with_metadata({inputs.UNISCHEMA_KEY: legacy}),
+                      str(tmp_path / "legacy" / "_common_metadata"))
+    assert list(inputs.read_unischema("train", url).fields) == ["id", "image", "m", "v", "plain"]
 
 def test_inputs_and_urls_are_recognised():
     assert inputs.accepts("file:///data/x") and inputs.accepts("relative/dir")

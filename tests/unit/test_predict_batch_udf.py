@@ -265,3 +265,22 @@ def test_a_task_with_a_gpu_loads_its_model_on_that_gpu(monkeypatch):
     assert devices == [0, 1, 0]  # each task made its own GPU current; the task without one touched nothing
     assert loads == [0, 1, 0]  # a model per GPU (the third task found GPU 0's), and one for the task without
     cache.clear()
+
+
+def test_the_prefetch_thread_ends_when_its_consumer_stops_early():
+    import time
+
+    from spark_dist.inference.worker import prefetched
+
+    def readers():
+        return [t for t in threading.enumerate() if t.name == "spark_dist-predict-input"]
+
+    before = set(readers())
+    items = prefetched(iter([1, 2]), lambda x: x * 10)
+    assert next(items) == 10
+    time.sleep(0.2)  # the thread has read 2 and the end: both are waiting for the consumer
+    items.close()
+    deadline = time.monotonic() + 1.0
+    while set(readers()) - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not set(readers()) - before
