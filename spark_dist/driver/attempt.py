@@ -86,7 +86,7 @@ class Attempt:
         self.owner, self.config, self.backend, self.attempt, self.spark = owner, config, backend, attempt, spark
         self.time_left = time_left
         self.deadline = None if time_left is None else time.monotonic() + max(time_left, 0.0)
-        self.tag = f"spark_dist-{config.run_id}-{attempt}"
+        self.tag = config.job_tag(attempt)
         self.store_in_task = not config.local_mode and session.is_connect(spark)
         # A tuning study's trial runs on its lane (a barrier job serving run after run), not a job of its own.
         self.lane = None if self.store_in_task or config.local_mode else getattr(owner, "_lane", None)
