@@ -167,7 +167,8 @@ class Attempt:
                                   cancel=self._cancel, on_report=self.owner._on_report, deadline=self.deadline,
                                   host=self.config.driver_host, bind_address=self.config.bind_address,
                                   on_output=output.printer(self.owner.log_ranks),
-                                  on_progress=self.owner._on_progress, resize_check=self.resize_check)
+                                  on_progress=self.owner._on_progress, resize_check=self.resize_check,
+                                  on_poll=self.owner._on_poll)
         try:
             coordinator.watch(done.wait)
             thread.join()

@@ -44,6 +44,8 @@ class Coordinator:
         resize_check: given where the tasks run, why the run should stop at its next checkpoint (a preemption, a grow:
             :func:`spark_dist.driver.elastic.watch`), else ``None``; run every RESIZE_CHECK_S once the ranks are
             assigned; its first reason goes to the ranks (``resize``).
+        on_poll: called every poll; what it raises leaves the watch as a report hook's exception does (a
+            stopped trial of a study).
     """
 
     def __init__(self, store: SealedStore, config: RunConfig, spec: LaunchSpec, backend,
@@ -51,12 +53,13 @@ class Coordinator:
                  deadline: Optional[float], host: str, bind_address: Optional[str] = None,
                  on_output: Optional[Callable[[int, str, str], None]] = None,
                  on_progress: Optional[Callable[[tuple], None]] = None,
-                 resize_check: Optional[Callable[[List[TaskInfo]], Optional[str]]] = None):
+                 resize_check: Optional[Callable[[List[TaskInfo]], Optional[str]]] = None,
+                 on_poll: Optional[Callable[[], None]] = None):
         self.store, self.config, self.spec, self.backend = store, config, spec, backend
         # Not a bound method of self: a coordinator in a cycle lives until the cyclic GC runs, and with it the
         # store it holds, which the first task hosts under Spark Connect (its port must be free at its end).
         self._job_ended = job_ended
-        self.cancel, self.on_report, self.on_progress = cancel, on_report, on_progress
+        self.cancel, self.on_report, self.on_progress, self.on_poll = cancel, on_report, on_progress, on_poll
         self.deadline, self.host, self.bind_address = deadline, host, bind_address or host
         # Read whatever log_ranks says: the supervisors publish only the lines someone shows (relay_output).
         self.output = OutputRelay(store, on_output or (lambda *line: None))
@@ -110,6 +113,8 @@ class Coordinator:
                     self.store.put_many({assignment_key(i): None for i in range(n)})
             else:
                 poll = min(poll * 1.5, 0.1)
+            if self.on_poll is not None:
+                self.on_poll()
             self.drain_reports()
             if self.drain_output():
                 poll = 0.01  # a rank is printing fast: its supervisor waits for room in the store

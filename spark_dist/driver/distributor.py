@@ -340,6 +340,9 @@ class Distributor:
         if self.verbose:
             self._bar.advance(*progress)
 
+    def _on_poll(self) -> None:
+        """Called at each of the driver's looks at a running attempt; what a subclass raises ends it."""
+
     def history_frame(self):
         """The last run's ``ctx.report`` records as a pandas DataFrame, one row per report in the order they
         arrived: ``rank``, ``attempt``, ``time`` (a timestamp) and one column per metric, ready to plot

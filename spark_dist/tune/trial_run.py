@@ -72,6 +72,9 @@ class TrialRun(Distributor):
 
     def _on_progress(self, progress) -> None:
         super()._on_progress(progress)
+        self._on_poll()
+
+    def _on_poll(self) -> None:
         if self._stop.is_set():
             raise Stopped(f"trial {self.trial.number}: the study was interrupted")
 
@@ -85,8 +88,8 @@ class TrialRun(Distributor):
         super()._attempt_started(config, attempt, size, previous_size, failures)
 
     def stop(self, spark) -> None:
-        """From another thread: end this run. The attempt running now ends at its next report or progress
-        (local mode: only then), its job is cancelled now (which a run treats as the user's cancel: no retry),
+        """From another thread: end this run. The attempt running now ends at the driver's next look at it
+        (its ranks aborted through the store, as a pruned trial's), its job is cancelled now (which a run treats as the user's cancel: no retry),
         and no further attempt starts. Every attempt the run started is cancelled by its job tag: retries,
         restarts after a preemption and elastic resizes alike."""
         self._stop.set()

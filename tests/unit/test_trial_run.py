@@ -56,3 +56,21 @@ def test_stop_before_any_attempt_cancels_nothing_and_local_mode_cancels_no_job(m
     assert cancelled == []
     with pytest.raises(Stopped):  # its next attempt never starts
         local._attempt_started(RunConfig.build(num_processes=2, local_mode=True, run_id="l"), 1, 2, 2, [])
+
+
+def sleep_without_a_report():
+    import time
+
+    time.sleep(120)
+
+
+def test_a_local_mode_trial_stops_at_once_though_its_ranks_never_report():
+    import threading
+    import time
+
+    run = TrialRun(Trial(), None, num_processes=1, local_mode=True, verbose=False)
+    threading.Timer(3.0, run.stop, args=(None,)).start()  # the study's Ctrl-C, from another thread
+    started = time.monotonic()
+    with pytest.raises(Stopped, match="trial 7"):
+        run.run(sleep_without_a_report)
+    assert time.monotonic() - started < 30  # not the rank's 120 s
