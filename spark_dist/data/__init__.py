@@ -1,11 +1,13 @@
 """Datasets for training: DataFrame -> Petastorm cache on the driver; equal shards as torch batches on ranks.
 
 Driver: :func:`prepare_datasets` (and :func:`clear_cache`), in :mod:`.cache`; they need Spark and are
-imported on first use, so a rank process (no Spark there) imports only :mod:`.handle` and :mod:`.loader`.
+imported on first use, so a rank process (no Spark there) imports only the loader's modules (:mod:`.factory`,
+:mod:`.loader`, :mod:`.handle`).
 Rank: :func:`make_loader`.
 """
+from .factory import make_loader
 from .handle import ColumnInfo, ColumnStats, DatasetError, DatasetHandle
-from .loader import ShardLoader, make_loader
+from .loader import ShardLoader
 
 __all__ = ["ColumnInfo", "ColumnStats", "DatasetError", "DatasetHandle", "ShardLoader", "make_loader",
            "prepare_datasets", "clear_cache", "CACHE_DIR_CONF"]

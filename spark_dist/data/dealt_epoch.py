@@ -8,10 +8,12 @@ so after ``t`` steps the position is ``p + t * m`` again, and a later resize dea
 very batch old rank ``q % n`` would have yielded (its rows and its shuffle), so every row of the epoch is taken
 once, except that every rank must take the same number of steps: where ``m`` does not divide the units left,
 ``drop_last=True`` leaves the last few out and ``drop_last=False`` repeats a few from the start of what was
-left, as a loader deals out the rows that do not divide among its ranks.
+left, as a loader deals out the rows that do not divide among its ranks. A unit keeps its transform's seed
+too (:func:`origins`): it draws what it drew on the old rank.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Iterator, List, Tuple
 
 from .epoch_order import batches_per_rank
@@ -31,38 +33,61 @@ def my_units(units: int, position: int, world_size: int, rank: int, drop_last: b
             for i in range(steps(units, position, world_size, drop_last))]
 
 
-def dealt_batches(loader, epoch: int, origin_world: int, position: int, units: int) -> Iterator[Tuple[Dict, int]]:
+def origins(units: int, position: int, origin_world: int, world_size: int, rank: int, drop_last: bool
+            ) -> List[Tuple[int, int]]:
+    """``(old rank, batch of its epoch)`` of each unit ``rank`` of ``world_size`` takes (:func:`my_units`), in
+    step order: where each of its batches belongs in the epoch of ``origin_world`` ranks."""
+    return [(q % origin_world, q // origin_world)
+            for q in my_units(units, position, world_size, rank, drop_last)]
+
+
+def places(loader, origin_world: int, position: int) -> List[Tuple[int, int]]:
+    """:func:`origins` of ``loader``'s batches (a loader of this rank) in the rest of an epoch of
+    ``origin_world`` ranks from ``position``."""
+    units = epoch_units(loader.handle.num_rows, origin_world, loader.batch_size, loader.drop_last)
+    return origins(units, position, origin_world, loader.world_size, loader.rank, loader.drop_last)
+
+
+def reads(where: List[Tuple[int, int]]) -> List[Tuple[int, int, int]]:
+    """``where`` (:func:`origins`) as ``(old rank, first batch, batches)``: runs of consecutive batches of one
+    old rank, each read by one reader opened at its first batch."""
+    runs: List[Tuple[int, int, int]] = []
+    for r, b in where:
+        if runs and runs[-1][0] == r and runs[-1][1] + runs[-1][2] == b:
+            runs[-1] = (r, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((r, b, 1))
+    return runs
+
+
+def dealt_batches(loader, epoch: int, origin_world: int, position: int
+                  ) -> Iterator[Tuple[Tuple[int, int], Dict]]:
     """This rank's batches of the rest of ``epoch``, which ``origin_world`` ranks had taken ``position`` units
-    of ``units``: ``(batch, step)`` pairs, each batch as old rank ``q % n``'s loader yields batch ``q // n``. ``loader``
-    is the rank's ``ShardLoader``; one loader per old rank whose batches this rank takes reads them, each
-    from its first such batch on, skipping the others' batches between (a resize is rare: reading a few
-    batches twice is its price)."""
-    from .loader import ShardLoader
+    of: ``((old rank, batch), batch)`` pairs, each batch as old rank ``q % n``'s loader yields batch ``q // n``.
+    ``loader`` is the rank's ``ShardLoader``; its ``_peer(rank, world_size)`` is a loader of another rank.
 
-    def old_rank(r: int, first: int):
-        old = ShardLoader(loader.handle, rank=r, world_size=origin_world, batch_size=loader.batch_size,
-                          epoch=epoch, shuffle=loader.shuffle, seed=loader.seed,
-                          columns=[c.name for c in loader.columns], drop_last=loader.drop_last,
-                          device=loader.device, options=loader._options)
-        old._resume_at = (epoch, first)
-        return iter(old), first
+    Invariant: one reader is open at a time, opened at the batch it is for and closed, with its threads,
+    before the next one opens; it makes exactly the batches of its run (:func:`reads`), and gathers no window
+    past the run's last batch nor before the windows its first batch takes rows from
+    (.loader_state.windows_to_read). The readers' waiting and reading times add up in ``loader``.
+    """
+    for r, first, count in reads(places(loader, origin_world, position)):
+        reader = loader._peer(r, origin_world)
+        reader.epoch = epoch
+        try:
+            with contextlib.closing(reader._stream(first, first + count)) as batches:
+                for b, batch in enumerate(batches, start=first):
+                    yield (r, b), batch
+        finally:
+            loader.wait_seconds += reader.wait_seconds
+            loader.read_seconds += reader.read_seconds
 
-    readers: Dict[int, Tuple[Iterator, int]] = {}
-    try:
-        for step, q in enumerate(my_units(units, position, loader.world_size, loader.rank, loader.drop_last)):
-            b, r = divmod(q, origin_world)
-            if r not in readers or readers[r][1] > b:  # a first batch of this old rank, or a wrap back
-                readers[r] = old_rank(r, b)
-            it, at = readers[r]
-            while at < b:  # another new rank's batch: read past it
-                next(it)
-                at += 1
-            batch = next(it)
-            readers[r] = (it, at + 1)
-            yield batch, step
-    finally:
-        for it, _ in readers.values():
-            it.close()
+
+def steps_left(loader, origin_world: int, position: int) -> int:
+    """The steps ``loader``'s ranks take to deal out the rest of an epoch of ``origin_world`` ranks from
+    ``position``."""
+    units = epoch_units(loader.handle.num_rows, origin_world, loader.batch_size, loader.drop_last)
+    return steps(units, position, loader.world_size, loader.drop_last)
 
 
 def epoch_units(num_rows: int, world_size: int, batch_size: int, drop_last: bool) -> int:
@@ -78,22 +103,6 @@ def place(state: Dict) -> Tuple[int, int]:
         return int(origin["world_size"]), int(origin["position"])
     world = int(state["world_size"])
     return world, int(state["batches"]) * world
-
-
-def iterate(loader, epoch: int, origin_world: int, position: int) -> Iterator[Dict]:
-    """``loader``'s iteration of a dealt epoch: its batches, with the loader's place (``_at``, ``_dealt``), counts
-    and progress kept as its own iteration keeps them, so that ``state_dict`` names the position reached."""
-    loader._dealt = (epoch, origin_world, position)
-    units = epoch_units(loader.handle.num_rows, origin_world, loader.batch_size, loader.drop_last)
-    total = steps(units, position, loader.world_size, loader.drop_last)
-    loader._at = (epoch, 0)
-    for batch, step in dealt_batches(loader, epoch, origin_world, position, units):
-        loader.batches += 1
-        loader.rows += len(next(iter(batch.values())))
-        loader._at = (epoch, step + 1)
-        if loader.on_progress is not None:
-            loader.on_progress(epoch, step + 1, total)
-        yield batch
 
 
 def deals_evenly(state: Dict, world_size: int) -> bool:

@@ -20,21 +20,19 @@ them. A loader's place in its epochs: :mod:`.loader_state` (dealt out to another
 :mod:`.dealt_epoch`); a user's transform: :mod:`.transformed_loader`.
 """
 import contextlib
-import queue
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import dealt_epoch, variable_size
 from .arrays import list_values, nested_values, numpy_dtype, rows_view, to_numpy
-from .column_options import ColumnOptions, check_sizes, resolve
+from .column_options import ColumnOptions
 from .epoch_order import batches_per_rank, block_runs, merged, rows_per_rank, shard_pieces
 from .handle import NESTED, NUMBER_KINDS, SCALAR, DatasetError, DatasetHandle, open_parquet
-from .loader_state import Resumable, windows_to_read
-from .transformed_loader import TransformedLoader, check_transform
+from .loader_state import Resumable, counted, windows_to_read
+from .prefetch import prefetched
 
 _WINDOW_BYTES = 16 << 20     # rows shuffled together inside a rank; with the cache's 8 MiB row groups this bounds a
 #                              rank's peak memory growth whatever the dataset's size (bench/bench_scaling.py)
@@ -43,11 +41,10 @@ _DECODE_THREADS = True       # pyarrow decodes the columns of a chunk in paralle
 _PREFETCH_WINDOWS = 2        # windows gathered ahead of the consumer by the background thread
 _DECODE_WORKERS = 2          # threads decoding row groups, each its own (see ShardLoader._windows)
 _DECODE_AHEAD = 4            # row groups decoded ahead of the window being gathered
-_END = object()
 
 
 class ShardLoader(Resumable):
-    """An iterable over this rank's batches of one epoch; see :func:`make_loader`.
+    """An iterable over this rank's batches of one epoch; see :func:`~.factory.make_loader`.
 
     ``len(loader)`` is the number of batches, the same on every rank. Iterating again replays the same
     epoch; :meth:`set_epoch` moves to another (``loader.sampler.set_epoch`` too, which is what Lightning
@@ -77,6 +74,13 @@ class ShardLoader(Resumable):
         self.batches = self.rows = 0
         self.on_progress = None  # called with (epoch, batches yielded, len(self)) after each batch
         self._resume_at, self._at = None, (epoch, 0)  # see Resumable
+
+    def _peer(self, rank: int, world_size: int) -> "ShardLoader":
+        """A loader of the same dataset, columns, options and epoch order as rank ``rank`` of ``world_size``."""
+        return ShardLoader(self.handle, rank=rank, world_size=world_size, batch_size=self.batch_size,
+                           epoch=self.epoch, shuffle=self.shuffle, seed=self.seed,
+                           columns=[c.name for c in self.columns], drop_last=self.drop_last, device=self.device,
+                           options=self._options)
 
     @property
     def rows_per_rank(self) -> int:
@@ -187,9 +191,10 @@ class ShardLoader(Resumable):
             out = {c.name: out[c.name] for c in self.columns}
         return out
 
-    def _windows(self, skip: int = 0) -> Iterator[List[Dict]]:
-        """Lists of batches (dicts of CPU tensors), one list per shuffle window, from batch ``skip`` of the epoch
-        on (the windows before it are gathered only where they carry rows over: .loader_state.windows_to_read).
+    def _windows(self, skip: int, stop: int) -> Iterator[List[Dict]]:
+        """Lists of batches (dicts of CPU tensors), one list per shuffle window, batches ``[skip, stop)`` of the
+        epoch (the windows before them are gathered only where they carry rows over, and none after them:
+        .loader_state.windows_to_read).
 
         Row groups are decoded by ``_DECODE_WORKERS`` threads, one row group each, up to ``_DECODE_AHEAD``
         row groups ahead of the window being gathered: decoding (pyarrow, no GIL) and the shuffling copy
@@ -204,7 +209,8 @@ class ShardLoader(Resumable):
         pin = self.device is not None and torch.device(self.device).type == "cuda"
         plan = list(self._window_runs())  # metadata only: every window's runs, known before any read
         todo = windows_to_read([sum(end - first for _, first, end in runs) for runs in plan], self.batch_size,
-                               self.drop_last, skip)
+                               self.drop_last, skip, stop)
+        left = stop - skip  # batches still to make: none past `stop`
         need_order, last_use = [], {}
         for index, _ in todo:
             for group, _, _ in plan[index]:
@@ -238,7 +244,9 @@ class ShardLoader(Resumable):
                 n = len(next(iter(rows.values())))
                 last = index == len(plan) - 1  # the last window keeps its partial batch
                 cut = n if last and not self.drop_last else n // bs * bs
-                batches = [self._to_torch(rows, s, min(s + bs, cut), pin) for s in range(skipped * bs, cut, bs)]
+                starts = range(skipped * bs, cut, bs)[:left]
+                left -= len(starts)
+                batches = [self._to_torch(rows, s, min(s + bs, cut), pin) for s in starts]
                 carry = None if cut == n else {c: a[cut:] for c, a in rows.items()}
                 self.read_seconds += time.perf_counter() - t0
                 yield batches
@@ -261,137 +269,46 @@ class ShardLoader(Resumable):
             batch[c] = t.pin_memory() if pin else t
         return batch
 
-    def _produce(self, out: "queue.Queue", stop: threading.Event, skip: int = 0) -> None:
-        try:
-            for item in self._windows(skip):
-                if not _put(out, item, stop):
-                    return
-            _put(out, _END, stop)
-        except BaseException as exc:  # noqa: BLE001 -- handed to the consumer, raised there
-            _put(out, exc, stop)
-
     # -- the consumer's side ------------------------------------------------------------------------------
+    def _stream(self, skip: int = 0, stop: Optional[int] = None) -> Iterator[Dict]:
+        """Batches ``[skip, stop)`` (default: to the end) of this loader's epoch, on its device, read ahead by a
+        background thread; not counted into the loader's place (the caller's iteration counts what it yields)."""
+        stop = len(self) if stop is None else stop
+        yielded = 0
+        windows = prefetched(lambda: self._windows(skip, stop), depth=_PREFETCH_WINDOWS, waited=self._waited,
+                             name=f"spark_dist-loader-{self.handle.name}-rank{self.rank}")
+        with contextlib.closing(windows):  # closed with this iteration: its thread is joined then
+            for window in windows:
+                for batch in window:
+                    yielded += 1
+                    yield batch if self.device is None else self._on_device(batch)
+        if yielded != stop - skip:  # would hang DDP on the other ranks: fail loudly instead
+            raise RuntimeError(f"dataset {self.handle.name!r}: rank {self.rank} yielded {yielded} batches, "
+                               f"expected {stop - skip}; the cache files changed since prepare_datasets?")
+
+    def _on_device(self, batch: Dict) -> Dict:
+        if self._variable:
+            return variable_size.to_device(batch, self.device)
+        return {c: t.to(self.device, non_blocking=True) for c, t in batch.items()}
+
+    def _waited(self, seconds: float) -> None:
+        self.wait_seconds += seconds
+
+    def _placed(self, place: Union[int, Tuple[int, int]]) -> Iterator[Tuple[Tuple[int, int], Dict]]:
+        """``((rank, index), batch)`` for the rest of this loader's epoch from ``place``: a batch, or ``(origin
+        world size, position)`` of an epoch dealt out (.dealt_epoch). ``(rank, index)`` is where the batch
+        belongs in the epoch it was made for: this rank's, or an old rank's when dealt out."""
+        if isinstance(place, tuple):
+            yield from dealt_epoch.dealt_batches(self, self.epoch, *place)
+            return
+        with contextlib.closing(self._stream(place)) as batches:
+            for index, batch in enumerate(batches, start=place):
+                yield (self.rank, index), batch
+
     def __iter__(self) -> Iterator[Dict]:
         # A generator: nothing below runs before the first batch is asked for, so a set_epoch between iter() and
         # the first next() (Lightning's order) still picks this iteration's epoch.
         epoch = self.epoch
-        skip = self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else 0
-        self._resume_at, self._at, self._dealt = None, (epoch, 0 if isinstance(skip, tuple) else skip), None
-        if isinstance(skip, tuple):  # the rest of an epoch of another number of ranks, dealt out
-            yield from dealt_epoch.iterate(self, epoch, *skip)
-            return
-        expected = len(self) - skip
-        out: "queue.Queue" = queue.Queue(maxsize=_PREFETCH_WINDOWS)
-        stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(out, stop, skip), daemon=True,
-                                  name=f"spark_dist-loader-{self.handle.name}-rank{self.rank}")
-        thread.start()
-        yielded = 0
-        move = (lambda b: {c: t.to(self.device, non_blocking=True) for c, t in b.items()}) if not self._variable \
-            else (lambda b: variable_size.to_device(b, self.device))
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = out.get()
-                self.wait_seconds += time.perf_counter() - t0
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                for batch in item:
-                    if self.device is not None:
-                        batch = move(batch)
-                    yielded += 1
-                    self.batches += 1
-                    self.rows += len(next(iter(batch.values())))
-                    self._at = (epoch, skip + yielded)
-                    if self.on_progress is not None:
-                        self.on_progress(epoch, skip + yielded, skip + expected)
-                    yield batch
-            if yielded != expected:  # would hang DDP on the other ranks: fail loudly instead
-                raise RuntimeError(f"dataset {self.handle.name!r}: rank {self.rank} yielded {yielded} batches, "
-                                   f"expected {expected}; the cache files changed since prepare_datasets?")
-        finally:
-            stop.set()
-            thread.join(timeout=10)
-
-
-def _put(out: "queue.Queue", item, stop: threading.Event) -> bool:
-    """Put ``item`` unless the consumer went away (it stops iterating early: a ``break``)."""
-    while not stop.is_set():
-        with contextlib.suppress(queue.Full):
-            out.put(item, timeout=0.1)
-            return True
-    return False
-
-
-def make_loader(handle: DatasetHandle, *, rank: int, world_size: int, batch_size: int, epoch: int = 0,
-                shuffle: bool = True, seed: int = 0, columns: Optional[Sequence[str]] = None,
-                drop_last: bool = True, device=None, dtypes: Optional[Dict] = None, pad=None,
-                pad_side: str = "right", ragged: Sequence[str] = (), shapes: Optional[Dict] = None, transform=None,
-                workers: int = 0, collate=None):
-    """This rank's share of ``handle`` for one epoch, as batches: dicts of column name -> ``torch.Tensor`` (or a
-    list, for the kinds below that are no tensor).
-
-    Every rank yields exactly ``len(loader)`` batches, whatever the file and row-group layout, and no row
-    goes to two ranks in one epoch. The order depends only on ``(seed, epoch)`` (and ``rank`` inside the
-    rank), so a retry replays it exactly; every column of a batch holds the same rows. ``columns`` picks
-    columns (default: all, in the dataset's order). What a batch holds of each column kind:
-
-    - numbers: a 1-D tensor ``[batch]``; arrays of one length and ML vectors: ``[batch, length]``; nested
-      arrays (``array<array<float>>``, one shape, checked by the write): ``[batch, *shape]``. ``shapes``
-      (column -> tuple) gives an array, vector or nested column another shape of the same size, e.g.
-      ``shapes={"pixels": (3, 8, 8)}`` for 192 values a row: ``[batch, 3, 8, 8]``.
-    - floating values come as float32, integers as int64, booleans as bool, unless ``dtypes`` (column -> torch
-      or numpy dtype) says otherwise.
-    - arrays of numbers whose rows differ in length (a ``"sequence"`` column): a tensor ``[batch, longest in
-      the batch]`` padded with ``pad`` (a number for every sequence column, or column -> number; default 0)
-      after each row's values (``pad_side="right"``) or before them (``"left"``), and beside it the int64
-      tensor ``[batch]`` of each row's length, under ``"<column>_lengths"``. A column named in ``ragged``
-      comes as a list of 1-D tensors instead, one per row, with no lengths entry.
-    - ``binary``: a list of ``bytes`` (images, audio: decode them in the loop); ``string``: a list of ``str``.
-
-    ``drop_last=True``: each rank gets ``num_rows // world_size`` rows and yields only full batches (the last
-    partial batch, if any, is dropped). ``drop_last=False``: each rank gets ``ceil(num_rows / world_size)``
-    rows, the last ranks padding with up to ``world_size - 1`` rows repeated from the start of the epoch, so
-    every row is seen at least once; the last batch may be smaller, and is the same size on every rank.
-
-    Epochs: ``loader.set_epoch(e)`` (or ``loader.sampler.set_epoch(e)``, which Lightning calls at each epoch's
-    start) picks the epoch the next iteration yields. ``loader.state_dict()`` is the place in the epoch (the
-    batches already yielded); ``loader.load_state_dict(state)`` makes the next iteration yield the rest of
-    that epoch, batch for batch as an uninterrupted one, for a checkpoint taken mid-epoch.
-
-    ``transform`` (batch -> dict of tensors) runs on each batch in ``workers`` processes (0: this thread), order
-    kept; ``collate`` makes its result a batch where a dict does not fit (:mod:`.transformed_loader`).
-
-    With ``device`` a CUDA device, tensors are pinned in the background thread and copied asynchronously.
-
-    Raises:
-        ValueError: ``rank``, ``world_size``, ``batch_size`` or ``workers`` out of range, ``pad_side`` neither
-            ``"right"`` nor ``"left"``, or ``collate`` without ``transform``.
-        DatasetError: a column in ``columns``, ``dtypes``, ``pad``, ``ragged`` or ``shapes`` is not in the
-            dataset (or not loaded), a dtype is not one, an option names a column of a kind it does not apply
-            to (``dtypes`` a binary or string one, ``pad`` or ``ragged`` one that is not a sequence, ``shapes``
-            one that is not an array, vector or nested array), a shape of another size than the column's, a
-            padded column ``c`` loaded beside a column named ``c_lengths``, or the rank's share is smaller than
-            one batch with ``drop_last=True`` (it would yield nothing).
-    """
-    if not isinstance(handle, DatasetHandle):
-        raise TypeError(f"make_loader needs a DatasetHandle from prepare_datasets, got {type(handle).__name__}")
-    check_sizes(rank, world_size, batch_size)
-    names = list(handle.column_names if columns is None else columns)
-    if not names:
-        raise DatasetError(f"dataset {handle.name!r}: columns= is empty; name at least one column")
-    infos = [handle.column(c) for c in names]  # raises DatasetError naming a missing column
-    options = resolve(handle, infos, dtypes, pad, pad_side, ragged, shapes)
-    check_transform(transform, workers, collate)
-    loader = ShardLoader(handle, rank=rank, world_size=world_size, batch_size=batch_size, epoch=epoch,
-                         shuffle=shuffle, seed=seed, columns=names, drop_last=drop_last,
-                         device=None if transform is not None else device, options=options)
-    if len(loader) == 0:
-        raise DatasetError(
-            f"dataset {handle.name!r} has {handle.num_rows} rows: {loader.rows_per_rank} per rank over "
-            f"{world_size} ranks, fewer than batch_size={batch_size}, so drop_last=True would yield no batch; "
-            "lower batch_size or pass drop_last=False")
-    return loader if transform is None else TransformedLoader(loader, transform, workers=workers, collate=collate,
-                                                              device=device)
+        place, start, total = self._begin(epoch)
+        with contextlib.closing(self._placed(place)) as placed:
+            yield from counted(self, epoch, (batch for _, batch in placed), start, total)

@@ -7,11 +7,12 @@
   batch after the resume point is the batch an uninterrupted epoch gives: the windows, the rows they carry
   over and their shuffles are the same; only the windows before ``k`` whose rows no window read takes over are
   not read at all.
+- :func:`counted`: the one place a loader counts the batches it yields (its place, its totals, its progress).
 - :class:`EpochSampler`: the ``loader.sampler`` that Lightning's fit loop calls ``set_epoch`` on at each epoch's
   start (``lightning.fabric.utilities.data._set_sampler_epoch`` looks for ``sampler`` and
   ``batch_sampler.sampler``, never at the loader itself).
 """
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from . import dealt_epoch
 from .handle import DatasetError
@@ -82,14 +83,17 @@ def checked_state(loader, state: Dict) -> Tuple[int, Union[int, Tuple[int, int]]
     return epoch, (n, position), seed, shuffle
 
 
-def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, skip: int) -> List[Tuple[int, int]]:
+def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, skip: int,
+                    stop: Optional[int] = None) -> List[Tuple[int, int]]:
     """``(window, batches of it not yielded)`` for each window an iteration gathers when it starts at batch
-    ``skip`` of the epoch; ``window_rows`` are the rows each window takes from the files, in order.
+    ``skip`` of the epoch (and ends before batch ``stop``, if given); ``window_rows`` are the rows each window
+    takes from the files, in order.
 
     The batching is the loader's: a window's rows follow the rows the previous one carried over, it yields
     every full batch of them (the last window also its partial batch, unless ``drop_last``) and carries the
-    rest over to the next. So the windows read are those from the one that yields batch ``skip`` on, and
-    before it each window whose rows the next one read takes over (its batches are gathered, not yielded).
+    rest over to the next. So the windows read are those from the one that yields batch ``skip`` on (up to
+    the one that yields batch ``stop - 1``), and before it each window whose rows the next one read takes
+    over (its batches are gathered, not yielded).
     """
     counts, carried_in, carried, last = [], [], 0, len(window_rows) - 1
     for index, rows in enumerate(window_rows):
@@ -104,7 +108,37 @@ def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, sk
         return []
     while first > 0 and carried_in[first]:
         first -= 1
-    return [(i, min(counts[i], max(0, skip - before[i]))) for i in range(first, len(counts))]
+    end = len(counts) if stop is None else next((i for i in range(first, len(counts)) if before[i] >= stop),
+                                                len(counts))
+    return [(i, min(counts[i], max(0, skip - before[i]))) for i in range(first, end)]
+
+
+def counted(loader, epoch: int, batches: Iterable[Any], start: int, total: int) -> Iterator[Any]:
+    """``batches``, the rest of ``epoch`` from batch ``start`` of ``total``, each counted into ``loader`` as it is
+    yielded: ``loader.batches`` and ``loader.rows`` (summed over iterations), its place ``loader._at`` (see
+    :class:`Resumable`), then ``loader.on_progress(epoch, place, total)`` where one is set."""
+    place = start
+    loader._at = (epoch, place)
+    for batch in batches:
+        place += 1
+        loader.batches += 1
+        loader.rows += rows_of(batch)
+        loader._at = (epoch, place)
+        if loader.on_progress is not None:
+            loader.on_progress(epoch, place, total)
+        yield batch
+
+
+def rows_of(batch: Any) -> int:
+    """Rows in a batch (a dict, or what a transform's ``collate`` made): the length of its first sized value (0
+    when nothing has one)."""
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    for value in values:
+        try:
+            return len(value)
+        except TypeError:
+            continue
+    return 0
 
 
 class EpochSampler:
@@ -123,14 +157,27 @@ class Resumable:
     ``_resume_at``: ``(epoch, place)`` where the next iteration of that epoch starts (restored, not yet begun):
     a batch, or ``(origin world size, position)`` for an epoch dealt out (:mod:`.dealt_epoch`);
     ``_at``: ``(epoch, batches yielded)`` of the iteration under way or the latest one; ``_dealt``:
-    ``(epoch, origin world size, start position)`` of the latest iteration when it was dealt out. They are set
-    by the loader's ``__iter__``.
+    ``(epoch, origin world size, start position)`` of the latest iteration when it was dealt out. An iteration
+    moves them through :meth:`_begin` and :func:`counted` only; :meth:`load_state_dict` sets ``_resume_at``.
     """
 
     batch_sampler = None  # Lightning reads it beside ``sampler`` (a DataLoader has both)
     _resume_at: Optional[Tuple[int, Union[int, Tuple[int, int]]]] = None
     _at: Tuple[int, int] = (0, 0)
     _dealt: Optional[Tuple[int, int, int]] = None
+
+    def _begin(self, epoch: int) -> Tuple[Union[int, Tuple[int, int]], int, int]:
+        """Start an iteration of ``epoch``, taking the place restored for it: ``(place, start, total)``, where
+        ``place`` is where the batches are read from (a batch, or ``(origin world size, position)`` of an epoch
+        dealt out, which counts its steps from 0), ``start`` the count of batches to go on from and ``total`` the
+        epoch's; :func:`counted` then keeps the place. Sets ``_dealt``."""
+        place = self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else 0
+        self._resume_at = None
+        if isinstance(place, tuple):
+            self._dealt = (epoch, *place)
+            return place, 0, dealt_epoch.steps_left(self, *place)
+        self._dealt = None
+        return place, place, len(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` from now on. A position :meth:`load_state_dict` restored in another epoch is

@@ -6,15 +6,14 @@ framing both sides use, and a worker's main loop.
 then forks the other workers from itself and serves the first socket as worker 0 (:func:`workers_main`), so
 that the k workers share one copy of torch's import (a fork is safe there: the interpreter is new, with no
 CUDA, process group or thread of the rank's). Each worker talks to the rank over its own Unix socket: it
-first sends ``("pid", its pid)``, then receives the pickled ``(fn, collate, seed)``, then ``(run, index,
-epoch, batch)`` messages, each answered in the order received with ``("ok", run, index, output)`` or
-``("error", run, index, summary, traceback text)``.
+first sends ``("pid", its pid)``, then receives the pickled ``(fn, collate)``, then ``(run, index, seed,
+batch)`` messages (``seed``: the batch's :func:`seed_for`, worked out by the rank), each answered in the order
+received with ``("ok", run, index, output)`` or ``("error", run, index, summary, traceback text)``.
 
 Framing: a message is pickled with protocol 5; numpy arrays travel as out-of-band buffers and CPU tensors as
 numpy views of their memory, so a batch of images is written from its own memory and read straight into
 the buffers the tensors are then built on (no intermediate copy of the payload on either side).
 """
-import ctypes
 import hashlib
 import io
 import os
@@ -33,13 +32,14 @@ from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
 
+from ..host import parent_death
+
 # Run by the new interpreter: it needs only the standard library until sys.path is the rank's.
 BOOT = ("import json, sys\n"
         "sys.path[:] = json.loads(sys.argv[4])\n"
         "from spark_dist.data.transform_process import workers_main\n"
         "workers_main([int(fd) for fd in sys.argv[1].split(',')], int(sys.argv[2]), sys.argv[3] == '1')\n")
 
-_PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 _PARENT_POLL_S = 1.0    # how often a worker checks that the rank is still its parent
 _REAP_GRACE_S = 3.0     # worker 0's exit: how long the workers it forked get to exit before they are killed
 _forked: List[int] = []  # in worker 0: the workers it forked, reaped when it exits
@@ -47,10 +47,12 @@ _state = threading.local()  # .seed: the seed of the batch being transformed in 
 
 
 # -- seeding -------------------------------------------------------------------------------------------------
-def seed_for(seed: int, epoch: int, index: int) -> int:
-    """The seed of batch ``index`` of ``epoch``: a hash of the three, below 2**32 (what ``np.random.seed``
-    takes). A hash rather than arithmetic, so neighbouring batches and epochs get unrelated streams."""
-    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}".encode(), digest_size=4).digest()
+def seed_for(seed: int, epoch: int, rank: int, index: int) -> int:
+    """The seed of batch ``index`` of ``rank``'s share of ``epoch``: a hash of the four, below 2**32 (what
+    ``np.random.seed`` takes). A hash rather than arithmetic, so neighbouring batches, ranks and epochs get
+    unrelated streams. ``(rank, index)`` name the batch in the epoch it was made for: a batch dealt out to
+    another rank after a resize keeps its seed, so it draws what the uninterrupted epoch drew."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}/{index}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
 
 
@@ -75,10 +77,9 @@ def _seed_globals(seed: int) -> None:
     torch.random.default_generator.manual_seed(seed)  # the CPU generator only: see apply()
 
 
-def apply(fn: Callable, collate: Optional[Callable], batch: Any, seed: int, epoch: int, index: int,
-          *, keep_rng: bool = False) -> Any:
+def apply(fn: Callable, collate: Optional[Callable], batch: Any, seed: int, *, keep_rng: bool = False) -> Any:
     """``collate(fn(batch))`` (or ``fn(batch)``, which must then be a mapping) with the global generators of
-    ``random``, ``numpy.random`` and torch's CPU generator seeded from ``(seed, epoch, index)``.
+    ``random``, ``numpy.random`` and torch's CPU generator seeded with ``seed`` (the batch's :func:`seed_for`).
 
     ``keep_rng``: put those generators back as they were afterwards; used when ``fn`` runs in the rank's own
     thread (``workers=0``), whose training loop must not see its random streams moved by the transform. CUDA
@@ -92,9 +93,9 @@ def apply(fn: Callable, collate: Optional[Callable], batch: Any, seed: int, epoc
     import torch
 
     saved = (random.getstate(), np.random.get_state(), torch.get_rng_state()) if keep_rng else None
-    _state.seed = s = seed_for(seed, epoch, index)
+    _state.seed = seed
     try:
-        _seed_globals(s)
+        _seed_globals(seed)
         out = fn(batch)
         if collate is not None:
             return collate(out)
@@ -177,17 +178,6 @@ def recv(sock) -> Any:
 
 
 # -- the worker's main loop ------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """SIGKILL this process when the thread of the rank that started it ends (Linux; elsewhere a no-op). Only
-    asked for when that thread is the rank's main thread, whose end is the process's end: the kernel sends
-    the signal when the creating *thread* exits, so a worker started from a short-lived thread would die
-    early. The socket's end of file and the parent-pid poll in :func:`_receive` cover every other case."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def _reap(pids: List[int], grace: float) -> None:
     """Wait for ``pids`` (this process's children) to exit, killing those still alive after ``grace`` seconds,
     so that none outlives worker 0: the rank's ``close()`` joins worker 0 alone."""
@@ -262,7 +252,9 @@ def workers_main(fds: List[int], parent_pid: int, die_with_parent: bool) -> None
     them, dies with worker 0 (which reaps it before it exits), and closes every socket but its own, so that
     the rank sees end of file on a worker's socket exactly when that worker is gone."""
     if die_with_parent:
-        _die_with_parent()
+        # Only when the rank's main thread started the pool: the kernel signals at the end of the creating
+        # thread, not the process. The socket's end of file and the parent-pid poll in _receive cover the rest.
+        parent_death.die_with_parent()
     if os.getppid() != parent_pid:  # the rank died before the line above took effect
         _exit_now()
     # Ctrl-C in a terminal reaches the whole process group: the rank handles it (and closes the pool); a
@@ -282,7 +274,7 @@ def workers_main(fds: List[int], parent_pid: int, die_with_parent: bool) -> None
                 for other in socks:
                     if other is not sock:
                         other.close()
-                _die_with_parent()
+                parent_death.die_with_parent()
                 worker_main(sock, me)
             finally:
                 os._exit(1)  # worker_main ends the process itself; never return into worker 0's loop
@@ -305,20 +297,20 @@ def worker_main(sock, parent_pid: int) -> None:
     inbox: "queue.SimpleQueue" = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(sock, inbox, parent_pid), name="receive", daemon=True).start()
     try:
-        fn, collate, seed = pickle.loads(inbox.get())
+        fn, collate = pickle.loads(inbox.get())
     except BaseException as exc:  # noqa: BLE001 -- reported to the rank with every batch it sends
         failure = (f"the transform could not be loaded in the worker process: {_summary(exc)}",
                    traceback.format_exc())
-        fn = collate = seed = None
+        fn = collate = None
     else:
         failure = None
     while True:
-        run, index, epoch, batch = inbox.get()
+        run, index, seed, batch = inbox.get()
         try:
             if failure is not None:
                 parts = encode(("error", run, index) + failure)
             else:
-                parts = encode(("ok", run, index, apply(fn, collate, batch, seed, epoch, index)))
+                parts = encode(("ok", run, index, apply(fn, collate, batch, seed)))
         except BaseException as exc:  # noqa: BLE001 -- fn's error (or an output that cannot be pickled)
             parts = encode(("error", run, index, _summary(exc), traceback.format_exc()))
         del batch

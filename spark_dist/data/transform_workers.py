@@ -30,16 +30,20 @@ starts a resource-tracker process that outlives ``close()``. Here there are exac
 serve every epoch.
 
 Randomness: before each batch, the worker seeds ``random``, ``numpy.random`` and torch's CPU generator from
-``(seed, epoch, batch index)`` (:func:`~.transform_process.seed_for`), and :func:`batch_seed` returns that
-seed for a transform that makes its own generator. So an augmentation gives the same tensors whichever
-worker runs it, with any ``workers`` (0 included), and an epoch replays exactly.
+``(seed, epoch, rank, batch index)`` (:func:`~.transform_process.seed_for`), and :func:`batch_seed` returns
+that seed for a transform that makes its own generator. So an augmentation gives the same tensors whichever
+worker runs it, with any ``workers`` (0 included), an epoch replays exactly, and two ranks draw differently.
+The seed is the rank's, worked out per batch by :meth:`TransformWorkers.map`, so a seed restored from a
+checkpoint takes effect at the next ``map``.
+
+Hangs: a worker that is alive but stuck (a deadlock in a tokenizer, a network read that never returns) is
+caught by ``timeout``, the seconds one batch may take in a worker (:data:`DEFAULT_TIMEOUT_S` unless given), as
+torch's ``DataLoader(timeout=)``: past it the pool is closed and the iterator raises :class:`TransformError`.
 """
-import json
+import itertools
 import os
 import socket
 import subprocess
-import sys
-import threading
 import time
 import traceback
 import weakref
@@ -47,60 +51,21 @@ from collections import deque
 from multiprocessing.connection import wait as _wait_any
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import DatasetError
-from .transform_process import BOOT, apply, batch_seed, encode, forked_exit_code, recv, send
+from . import worker_processes
+from .transform_errors import TransformError, TransformPickleError, check_timeout
+from .transform_process import apply, batch_seed, encode, recv, seed_for, send
 
-__all__ = ["TransformWorkers", "TransformError", "TransformPickleError", "transformed", "batch_seed"]
+__all__ = ["TransformWorkers", "TransformError", "TransformPickleError", "transformed", "batch_seed",
+           "DEFAULT_TIMEOUT_S"]
 
-_STOP_GRACE_S = 5.0  # close(): how long workers get to exit on end of file before they are killed
-
-
-class TransformError(DatasetError):
-    """A transform failed on a batch (or its worker process died). The message names the dataset, the epoch
-    and the batch's index in it, and holds the worker's traceback; so do ``dataset``, ``epoch``, ``batch``
-    and ``worker_traceback``."""
-
-    def __init__(self, message: str, dataset: Optional[str] = None, epoch: Optional[int] = None,
-                 batch: Optional[int] = None, worker_traceback: str = ""):
-        super().__init__(message, dataset)
-        self.epoch, self.batch, self.worker_traceback = epoch, batch, worker_traceback
-
-    def __reduce__(self):  # keep the fields when a rank's error travels to the driver
-        return type(self), (str(self), self.dataset, self.epoch, self.batch, self.worker_traceback)
+DEFAULT_TIMEOUT_S = 600.0  # far beyond any one batch's transform: only a worker that is stuck reaches it
 
 
-class TransformPickleError(DatasetError, TypeError):
-    """The transform (or ``collate``) cannot be pickled to send it to the worker processes. Both a
-    :class:`DatasetError` naming the dataset and a ``TypeError``, which is what pickling raises."""
+class _Failed:
+    """A batch's answer that is an error, kept in its place until the batches before it are yielded."""
 
-
-def _stop(owner: int, procs: List[subprocess.Popen], socks: List[socket.socket]) -> None:
-    """Stop the workers: end of file on their sockets makes each exit at once, even mid-transform (see
-    transform_process._receive); one still alive after the grace period is killed. Joins them all.
-
-    In a fork of the rank (``owner`` is not this process) it only closes its copies of the sockets: the
-    workers are the rank's, not this process's children."""
-    if os.getpid() != owner:
-        for sock in socks:
-            sock.close()
-        procs.clear()
-        socks.clear()
-        return
-    for sock in socks:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)  # end of file even if a fork of the rank holds a copy of the socket
-        except OSError:
-            pass
-        sock.close()
-    deadline = time.monotonic() + _STOP_GRACE_S
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    procs.clear()
-    socks.clear()
+    def __init__(self, error: TransformError):
+        self.error = error
 
 
 class TransformWorkers:
@@ -111,8 +76,11 @@ class TransformWorkers:
     input and not yet yielded: sent to a worker, being transformed, or transformed and waiting for an earlier
     one (an abandoned iterator's batches count until their answers are read and dropped); with the batch the
     consumer holds, the stage holds at most ``in_flight + 1`` batches' worth. Batches go to the worker with
-    the fewest outstanding and come out in the order they went in.
-    ``seed`` with the epoch and batch index seeds each batch's transform.
+    the fewest outstanding and come out in the order they went in. ``seed`` is :meth:`map`'s default seed.
+
+    ``timeout``: the seconds a worker may spend on one batch (counted from when it starts on it, so batches
+    queued behind it do not count; a worker's start, importing torch, does not count either); None for no
+    limit. It does not apply to ``workers=0``, where the transform runs in the caller's thread.
 
     ``wait_seconds``: seconds the consumer spent inside this stage's iterators, not counting the time spent
     inside the input iterator (its own loader counts that): waiting for workers (or, with ``workers=0``,
@@ -123,37 +91,46 @@ class TransformWorkers:
     rank process dies.
 
     Raises:
-        ValueError: ``workers`` < 0 or ``in_flight`` < 1.
+        ValueError: ``workers`` < 0, ``in_flight`` < 1, or ``timeout`` neither None nor above 0.
         TransformPickleError: ``fn`` or ``collate`` cannot be pickled (with cloudpickle, so lambdas and
             functions defined inside the training function are fine).
         OSError: a worker process cannot be started.
     """
 
     def __init__(self, fn: Callable[[Any], Any], *, workers: int, dataset: str, seed: int = 0,
-                 in_flight: Optional[int] = None, collate: Optional[Callable[[Any], Any]] = None):
+                 in_flight: Optional[int] = None, collate: Optional[Callable[[Any], Any]] = None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT_S):
         if workers < 0:
             raise ValueError(f"dataset {dataset!r}: workers must be 0 (transform in the rank) or more, not {workers}")
         in_flight = 2 * workers if in_flight is None else in_flight
         if workers and in_flight < 1:
             raise ValueError(f"dataset {dataset!r}: in_flight must be at least 1, not {in_flight}")
+        check_timeout(timeout, dataset)
         self.fn, self.collate, self.dataset, self.seed = fn, collate, dataset, seed
-        self.workers, self.in_flight = workers, in_flight
+        self.workers, self.in_flight, self.timeout = workers, in_flight, timeout
         self.wait_seconds = 0.0
         self.batches = 0
         self._run = 0  # the current map() call; answers for an earlier, abandoned one are dropped
         self._closed = False
-        self._broken: Optional[TransformError] = None
+        self._broken: Optional[Exception] = None  # what closed the pool, raised again by later calls
         self._procs: List[subprocess.Popen] = []  # worker 0, which forks and reaps the others
         self._socks: List[socket.socket] = []
         self._pids: List[Optional[int]] = []  # each worker's, once its first message is read
         # Per worker, (run, index, epoch) of each batch sent and not yet answered, in the order sent: a
         # worker answers in that order.
         self._sent: List[Deque[Tuple[int, int, int]]] = []
-        self._finalizer = weakref.finalize(self, _stop, os.getpid(), self._procs, self._socks)
+        # Per worker, when it started on the first batch of its _sent (meaningful only while that is not empty).
+        self._since: List[float] = []
+        self._finalizer = weakref.finalize(self, worker_processes.stop, os.getpid(), self._procs, self._socks)
         if workers:
             payload = encode(self._pickled(fn, collate))
             try:
-                self._start_workers(workers)
+                proc, socks = worker_processes.start(workers)
+                self._procs.append(proc)
+                self._socks.extend(socks)
+                self._sent.extend(deque() for _ in socks)
+                self._pids.extend(None for _ in socks)
+                self._since.extend(0.0 for _ in socks)
                 for sock in self._socks:
                     send(sock, payload)
             except BaseException:
@@ -164,37 +141,13 @@ class TransformWorkers:
         import cloudpickle
 
         try:
-            return cloudpickle.dumps((fn, collate, self.seed))
+            return cloudpickle.dumps((fn, collate))
         except Exception as exc:
             raise TransformPickleError(
                 f"dataset {self.dataset!r}: the transform {fn!r} (or its collate) cannot be pickled to send it "
                 f"to the worker processes: {type(exc).__name__}: {exc}. Create what cannot be pickled (an open "
                 "file, a lock, a client) inside the function on first use, or pass workers=0 to run the "
                 "transform in the training process", self.dataset) from exc
-
-    def _start_workers(self, workers: int) -> None:
-        pairs = [socket.socketpair() for _ in range(workers)]
-        theirs = [pair[1] for pair in pairs]
-        try:
-            # The kernel's parent-death signal follows the creating thread: only ask for it from the main one.
-            on_main = threading.current_thread() is threading.main_thread()
-            fds = [sock.fileno() for sock in theirs]
-            proc = subprocess.Popen(
-                [sys.executable, "-c", BOOT, ",".join(map(str, fds)), str(os.getpid()), "1" if on_main else "0",
-                 json.dumps([str(p) for p in sys.path])],
-                pass_fds=fds, stdin=subprocess.DEVNULL)
-        except BaseException:
-            for mine, _ in pairs:
-                mine.close()
-            raise
-        finally:
-            for sock in theirs:
-                sock.close()
-        self._procs.append(proc)
-        for mine, _ in pairs:
-            self._socks.append(mine)
-            self._sent.append(deque())
-            self._pids.append(None)
 
     def _pid(self, w: int) -> Optional[int]:
         """Worker ``w``'s process id: the first message on its socket, read here if it has not been yet (it
@@ -204,6 +157,7 @@ class TransformWorkers:
                 _, self._pids[w] = recv(self._socks[w])
             except (EOFError, OSError):
                 return None
+            self._since[w] = time.monotonic()  # up now: its start does not count toward a batch's timeout
         return self._pids[w]
 
     @property
@@ -214,23 +168,32 @@ class TransformWorkers:
             return []
         return [pid for pid in map(self._pid, range(len(self._socks))) if pid is not None]
 
-    def map(self, batches: Iterable[Any], *, epoch: int, start: int = 0) -> Iterator[Any]:
+    def map(self, batches: Iterable[Any], *, epoch: int, start: int = 0, rank: int = 0, seed: Optional[int] = None,
+            origins: Optional[Iterable[Tuple[int, int]]] = None) -> Iterator[Any]:
         """The transformed ``batches`` of ``epoch``, in their order; the first is batch ``start`` of the epoch
         (a loader resuming mid-epoch passes its position, so batch indexes and seeds stay those of the
         epoch). Starting another map abandons this one's iterator: it raises ``RuntimeError`` if resumed.
 
+        Each batch's transform is seeded from ``(seed, epoch, rank, index)`` (``seed`` defaults to the pool's):
+        ``rank`` and ``index`` are this rank's and the batch's place, or, where ``origins`` is given (one
+        ``(rank, index)`` a batch, in order), the place in the epoch the batch was made for: a batch dealt
+        out to another rank after a resize draws what it drew there.
+
         Raises (from the iterator):
             TransformError: the transform raised (message: dataset, epoch, batch index, the worker's
-                traceback) or returned something that is not a dict without a ``collate``; or a worker
-                process died (the pool is then closed, and later calls raise it again).
-            RuntimeError: the pool is closed.
+                traceback) or returned something that is not a dict without a ``collate``; a worker process
+                died or spent more than ``timeout`` seconds on a batch (the pool is then closed, and later
+                calls raise it again). Raised in batch order: the batches before the failed one come first.
+            RuntimeError: the pool is closed, or a worker's answers are out of step with the batches sent
+                (the pool is then closed).
         """
         if self._closed:
             raise self._broken or RuntimeError(f"dataset {self.dataset!r}: the transform workers are closed")
         self._run += 1
+        seeds = _seeds(self.seed if seed is None else seed, epoch, rank, start, origins)
         if not self.workers:
-            return self._inline(iter(batches), epoch, start, self._run)
-        return self._parallel(iter(batches), epoch, start, self._run)
+            return self._inline(iter(batches), epoch, start, seeds, self._run)
+        return self._parallel(iter(batches), epoch, start, seeds, self._run)
 
     def _error(self, epoch: int, index: int, summary: str, tb: str, where: str) -> TransformError:
         return TransformError(f"dataset {self.dataset!r}: the transform failed on batch {index} of epoch "
@@ -243,12 +206,12 @@ class TransformWorkers:
         if run != self._run:
             raise RuntimeError(f"dataset {self.dataset!r}: this iterator was abandoned: map() was called again")
 
-    def _inline(self, it: Iterator, epoch: int, start: int, run: int) -> Iterator[Any]:
+    def _inline(self, it: Iterator, epoch: int, start: int, seeds: Iterator[int], run: int) -> Iterator[Any]:
         index = start
         for batch in it:
             t0 = time.perf_counter()
             try:
-                out = apply(self.fn, self.collate, batch, self.seed, epoch, index, keep_rng=True)
+                out = apply(self.fn, self.collate, batch, next(seeds), keep_rng=True)
             except Exception as exc:
                 raise self._error(epoch, index, traceback.format_exception_only(type(exc), exc)[-1].strip(),
                                   traceback.format_exc(), "in the training process") from exc
@@ -259,8 +222,8 @@ class TransformWorkers:
             self._check_current(run)
             index += 1
 
-    def _parallel(self, it: Iterator, epoch: int, start: int, run: int) -> Iterator[Any]:
-        done: Dict[int, Any] = {}  # answers that came before an earlier batch's
+    def _parallel(self, it: Iterator, epoch: int, start: int, seeds: Iterator[int], run: int) -> Iterator[Any]:
+        done: Dict[int, Any] = {}  # answers (or _Failed) that came before an earlier batch's
         taken = given = start      # batches taken from `it`, yielded (as indexes of the epoch)
         exhausted = False
         t0, upstream = time.perf_counter(), 0.0
@@ -276,7 +239,7 @@ class TransformWorkers:
                     break
                 finally:
                     upstream += time.perf_counter() - u0
-                self._submit(run, epoch, taken, batch)
+                self._submit(run, epoch, taken, next(seeds), batch)
                 del batch
                 taken += 1
             if given == taken:
@@ -287,6 +250,8 @@ class TransformWorkers:
             while given not in done:
                 self._collect(run, done)
             out = done.pop(given)
+            if isinstance(out, _Failed):  # raised in batch order: every batch before it was yielded
+                raise out.error
             self.wait_seconds += time.perf_counter() - t0 - upstream
             self.batches += 1
             yield out
@@ -295,9 +260,9 @@ class TransformWorkers:
             given += 1
             t0, upstream = time.perf_counter(), 0.0
 
-    def _submit(self, run: int, epoch: int, index: int, batch: Any) -> None:
+    def _submit(self, run: int, epoch: int, index: int, seed: int, batch: Any) -> None:
         try:
-            parts = encode((run, index, epoch, batch))
+            parts = encode((run, index, seed, batch))
         except Exception as exc:
             raise TransformError(f"dataset {self.dataset!r}: batch {index} of epoch {epoch} cannot be pickled to "
                                  f"send it to a transform worker: {type(exc).__name__}: {exc}",
@@ -308,12 +273,20 @@ class TransformWorkers:
             send(self._socks[w], parts)
         except OSError:
             self._lost(w)
+        if not self._sent[w]:
+            self._since[w] = time.monotonic()  # an idle worker starts on it at once
         self._sent[w].append((run, index, epoch))
 
     def _collect(self, run: int, done: Dict[int, Any]) -> None:
-        """Read the answers that are ready (waiting for one); keep this run's in ``done``."""
-        busy = [self._socks[w] for w in range(self.workers) if self._sent[w]]
-        for sock in _wait_any(busy):
+        """Read the answers that are ready (waiting for one, up to the first deadline); keep this run's in
+        ``done``, an error as :class:`_Failed`. Raises :class:`TransformError` once a worker is past the
+        timeout."""
+        busy = [w for w in range(self.workers) if self._sent[w]]
+        ready = _wait_any([self._socks[w] for w in busy], self._time_left(busy))
+        if not ready:
+            self._check_deadlines(busy)
+            return
+        for sock in ready:
             w = self._socks.index(sock)
             if self._pids[w] is None:  # the worker's first message, its pid; answers follow
                 if self._pid(w) is None:
@@ -324,38 +297,60 @@ class TransformWorkers:
             except (EOFError, OSError):
                 self._lost(w)
             sent_run, sent_index, epoch = self._sent[w].popleft()
-            assert (sent_run, sent_index) == (answer_run, index), "a worker answered out of order"
+            self._since[w] = time.monotonic()  # it starts on the next batch it holds, if any
+            if (sent_run, sent_index) != (answer_run, index):
+                self._out_of_step(w, sent_index, index)
             if answer_run != run:
                 continue  # for an iterator abandoned before it got this far
             if kind == "ok":
                 done[index] = rest[0]
             else:
                 summary, tb = rest
-                raise self._error(epoch, index, summary, tb, f"in worker process {self._pids[w]}")
+                done[index] = _Failed(self._error(epoch, index, summary, tb, f"in worker process {self._pids[w]}"))
+
+    def _time_left(self, busy: List[int]) -> Optional[float]:
+        """Seconds until the first of the ``busy`` workers that are up reaches the timeout; None: no limit."""
+        started = [self._since[w] for w in busy if self._pids[w] is not None]
+        if self.timeout is None or not started:
+            return None
+        return max(0.0, min(started) + self.timeout - time.monotonic())
+
+    def _check_deadlines(self, busy: List[int]) -> None:
+        """Close the pool and raise :class:`TransformError` if one of the ``busy`` workers is past the timeout."""
+        if self.timeout is None:
+            return
+        now = time.monotonic()
+        late = [w for w in busy if self._pids[w] is not None and now - self._since[w] >= self.timeout]
+        if not late:
+            return
+        w = late[0]
+        _, index, epoch = self._sent[w][0]
+        self._close_broken(TransformError(
+            f"dataset {self.dataset!r}: transform worker process {self._pids[w]} did not finish batch {index} of "
+            f"epoch {epoch} within timeout={self.timeout:g} s, so the transform workers were stopped; if a batch "
+            "can take that long, pass a larger timeout= (None: no limit)", self.dataset, epoch, index))
+
+    def _out_of_step(self, w: int, due: int, answered: int) -> None:
+        """Worker ``w`` answered another batch than the one due: the stream cannot be trusted. Close the pool
+        and raise ``RuntimeError``."""
+        self._close_broken(RuntimeError(
+            f"dataset {self.dataset!r}: transform worker process {self._pids[w]} answered batch {answered} when "
+            f"batch {due} was due (its answers are out of step with the batches sent), so the transform workers "
+            "were stopped"))
 
     def _lost(self, w: int) -> None:
         """Worker ``w`` closed its socket: it died. Close the pool and raise :class:`TransformError`."""
-        pid, code = self._pid(w), None
-        if w == 0 or self._procs[0].poll() is not None:  # worker 0, or a worker that died with it
-            pid = self._procs[0].pid
-            try:
-                code = self._procs[0].wait(_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-        elif pid is not None:
-            code = forked_exit_code(pid, _STOP_GRACE_S)
-        if code is None:
-            how = "closed its connection"
-        elif code < 0:
-            how = f"was killed by signal {-code}" + (" (SIGKILL: often the out-of-memory killer)" if code == -9 else "")
-        else:
-            how = f"exited with code {code}"
+        pid, how = worker_processes.how_it_ended(self._procs[0], w, self._pid(w))
         run, index, epoch = self._sent[w][0] if self._sent[w] else (None, None, None)
         doing = f" while transforming batch {index} of epoch {epoch}" if index is not None else ""
-        self._broken = TransformError(f"dataset {self.dataset!r}: transform worker process {pid} {how}{doing}; "
-                                      "its output above may say why", self.dataset, epoch, index)
+        self._close_broken(TransformError(f"dataset {self.dataset!r}: transform worker process {pid} {how}{doing}; "
+                                          "its output above may say why", self.dataset, epoch, index))
+
+    def _close_broken(self, error: Exception) -> None:
+        """Close the pool, then raise ``error``, which later calls raise again."""
+        self._broken = error
         self.close()
-        raise self._broken
+        raise error
 
     def close(self) -> None:
         """Stop and join the worker processes; idempotent. Iterators of this pool fail afterwards."""
@@ -371,12 +366,20 @@ class TransformWorkers:
         self.close()
 
 
+def _seeds(seed: int, epoch: int, rank: int, start: int, origins: Optional[Iterable[Tuple[int, int]]]
+           ) -> Iterator[int]:
+    """The seed of each batch of a :meth:`TransformWorkers.map`, in order (see there)."""
+    places = ((rank, index) for index in itertools.count(start)) if origins is None else origins
+    for origin_rank, index in places:
+        yield seed_for(seed, epoch, origin_rank, index)
+
+
 def transformed(batches: Iterable[Any], fn: Callable[[Any], Any], *, workers: int, dataset: str, epoch: int,
                 seed: int = 0, in_flight: Optional[int] = None, collate: Optional[Callable[[Any], Any]] = None,
-                start: int = 0) -> Iterator[Any]:
+                start: int = 0, rank: int = 0, timeout: Optional[float] = DEFAULT_TIMEOUT_S) -> Iterator[Any]:
     """One epoch through a :class:`TransformWorkers` of its own, closed when the iterator ends or is closed.
     Workers start on the first ``next()``; a loader that runs several epochs should keep one
     :class:`TransformWorkers` instead. Raises what :class:`TransformWorkers` and its ``map`` raise."""
     with TransformWorkers(fn, workers=workers, dataset=dataset, seed=seed, in_flight=in_flight,
-                          collate=collate) as pool:
-        yield from pool.map(batches, epoch=epoch, start=start)
+                          collate=collate, timeout=timeout) as pool:
+        yield from pool.map(batches, epoch=epoch, start=start, rank=rank)

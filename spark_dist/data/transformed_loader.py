@@ -8,12 +8,18 @@ number of batches and the epoch order are the inner loader's, so epochs stay rep
 
 Its place in an epoch is its own, not the inner loader's: the workers hold up to ``in_flight`` batches that
 the inner loader has yielded and the training loop has not seen yet, so :meth:`state_dict` counts the batches
-this loader yielded, and each iteration tells the inner loader which epoch and batch to start from.
+this loader yielded, and each iteration reads the inner loader's batches from the place it starts at.
+
+Each batch's transform is seeded from ``(seed, epoch, rank, batch)`` of the place the batch was made for (in
+an epoch dealt out after a resize, an old rank's), with the loader's seed of the iteration: one restored by
+:meth:`load_state_dict` takes effect.
 """
+import contextlib
 from typing import Any, Callable, Dict, Iterator, Optional
 
-from .loader_state import Resumable
-from .transform_workers import TransformWorkers
+from . import dealt_epoch
+from .loader_state import Resumable, counted
+from .transform_workers import DEFAULT_TIMEOUT_S, TransformWorkers
 
 
 def check_transform(transform, workers, collate) -> None:
@@ -35,9 +41,11 @@ class TransformedLoader(Resumable):
     """
 
     def __init__(self, inner, transform: Callable[[Dict], Any], *, workers: int,
-                 collate: Optional[Callable[[Any], Any]], device, in_flight: Optional[int] = None):
+                 collate: Optional[Callable[[Any], Any]], device, in_flight: Optional[int] = None,
+                 timeout: Optional[float] = DEFAULT_TIMEOUT_S):
         self._inner = inner
         self._transform, self._collate, self._workers, self._in_flight = transform, collate, workers, in_flight
+        self._timeout = timeout
         self._pool: Optional[TransformWorkers] = None
         self.device = device
         self.handle, self.rank, self.world_size = inner.handle, inner.rank, inner.world_size
@@ -58,33 +66,24 @@ class TransformedLoader(Resumable):
         """The pool, started at the first iteration (so a loader made and never read starts no process)."""
         if self._pool is None:
             self._pool = TransformWorkers(self._transform, workers=self._workers, dataset=self.handle.name,
-                                          seed=self.seed, in_flight=self._in_flight, collate=self._collate)
+                                          in_flight=self._in_flight, collate=self._collate, timeout=self._timeout)
         return self._pool
 
     def __iter__(self) -> Iterator[Any]:
         # A generator, as the inner loader's: a set_epoch between iter() and the first next() still counts.
         epoch = self.epoch
-        skip = self._resume_at[1] if self._resume_at is not None and self._resume_at[0] == epoch else 0
+        place, start, total = self._begin(epoch)
         inner = self._inner
         inner.seed, inner.shuffle, inner.epoch = self.seed, self.shuffle, epoch
-        inner._resume_at = (epoch, skip) if skip else None
-        inner.on_progress = None  # the progress is what the training loop got, counted below
-        # An epoch dealt out after a resize (.dealt_epoch) counts its steps from 0; its place is the inner one's.
-        self._dealt = (epoch, *skip) if isinstance(skip, tuple) else None
-        skip = 0 if self._dealt else skip
-        self._resume_at, self._at = None, (epoch, skip)
-        expected, yielded = (len(self) - skip if self._dealt is None else self.state_dict()["epoch_batches"]), 0
+        # Where each batch belongs in the epoch it was made for, which its seed follows (None: this rank's).
+        origins = dealt_epoch.places(inner, *place) if isinstance(place, tuple) else None
         pool = self._workers_pool()
-        for batch in pool.map(iter(inner), epoch=epoch, start=skip):
-            if self.device is not None:
-                batch = _to_device(batch, self.device)
-            yielded += 1
-            self.batches += 1
-            self.rows += _rows(batch)
-            self._at = (epoch, skip + yielded)
-            if self.on_progress is not None:
-                self.on_progress(epoch, skip + yielded, skip + expected)
-            yield batch
+        # The inner loader's batches, not counted there: this loader's place is what the training loop got.
+        with contextlib.closing(inner._placed(place)) as placed:
+            out = pool.map((batch for _, batch in placed), epoch=epoch, start=start, rank=self.rank, seed=self.seed,
+                           origins=origins)
+            on_device = out if self.device is None else (_to_device(batch, self.device) for batch in out)
+            yield from counted(self, epoch, on_device, start, total)
 
     def close(self) -> None:
         """End the worker processes (a later iteration starts new ones)."""
@@ -110,14 +109,3 @@ def _to_device(batch: Any, device) -> Any:
     if isinstance(batch, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in batch):
         return type(batch)(_to_device(v, device) for v in batch)
     return batch
-
-
-def _rows(batch: Any) -> int:
-    """Rows in a transformed batch: the length of its first sized value (0 when nothing has one)."""
-    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
-    for value in values:
-        try:
-            return len(value)
-        except TypeError:
-            continue
-    return 0

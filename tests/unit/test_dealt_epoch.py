@@ -131,3 +131,72 @@ def test_a_grow_waits_for_a_place_that_deals_out_evenly(small_dataset):
     it.close()
     assert loader_states({"model": {}, "loader": one, "step": 3}) == [one.state_dict()]
     assert loader_states({"loader": one.state_dict()}) == [one.state_dict()] and loader_states([1]) == []
+
+
+@pytest.fixture
+def thirty_two_ranks(tmp_path, monkeypatch):
+    """3,080 rows: 32 ranks of 24 batches of 4 rows, in row groups of 90, shuffle windows of 40 rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dist.data import epoch_order, loader as loader_module
+    from spark_dist.data.handle import describe_files
+
+    monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
+    monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 40 * 8)
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": np.arange(3080)}), path, row_group_size=90)
+    return describe_files("many", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar"}, {})
+
+
+def test_a_rank_after_losing_one_of_32_reads_what_it_yields_with_one_reader_at_a_time(thirty_two_ranks, monkeypatch):
+    import threading
+
+    from spark_dist.data import loader as loader_module
+
+    def loader(rank, world_size):
+        return make_loader(thirty_two_ranks, rank=rank, world_size=world_size, batch_size=4, seed=5, epoch=1)
+
+    uninterrupted = [list(loader(r, 32)) for r in range(32)]
+    assert {len(u) for u in uninterrupted} == {24}
+    state = {**loader(0, 32).state_dict(), "batches": 1}  # every rank took one step, then one rank was lost
+    made = [0]
+    real = loader_module.ShardLoader._to_torch
+    monkeypatch.setattr(loader_module.ShardLoader, "_to_torch",
+                        lambda self, *args: made.__setitem__(0, made[0] + 1) or real(self, *args))
+    for rank in (0, 17, 30):
+        dealt = loader(rank, 31)
+        dealt.load_state_dict(state)
+        made[0], most_threads, got = 0, 0, []
+        before = threading.active_count()
+        for batch in dealt:
+            most_threads = max(most_threads, threading.active_count())
+            got.append(batch)
+        units = my_units(32 * 24, 32, 31, rank, drop_last=True)
+        assert batches_equal(got, [uninterrupted[q % 32][q // 32] for q in units])
+        # Every batch it read it yielded (a reader opened at the batch it needs, no further than it needs) ...
+        assert made[0] <= 1.1 * len(got)
+        # ... and one reader at a time: its thread and its two decoding threads, the one before it closed.
+        assert most_threads <= before + 3
+        assert threading.active_count() == before
+
+
+def test_a_dealt_epoch_draws_the_augmentation_the_uninterrupted_one_drew_for_each_batch(small_dataset):
+    def noisy(batch):
+        return {"id": batch["id"], "noise": torch.rand(2)}
+
+    uninterrupted = [list(loader) for loader in loaders(small_dataset, 4, transform=noisy)]
+    four = loaders(small_dataset, 4)
+    take(four, 3)
+    for world_size in (2, 3):
+        dealt = loaders(small_dataset, world_size, transform=noisy)
+        for loader in dealt:
+            loader.load_state_dict(four[0].state_dict())
+        units = 4 * len(four[0])
+        for rank, loader in enumerate(dealt):
+            got = list(loader)
+            expected = [uninterrupted[q % 4][q // 4] for q in my_units(units, 12, world_size, rank, True)]
+            assert len(got) == len(expected)
+            for g, e in zip(got, expected):
+                assert torch.equal(g["id"], e["id"]) and torch.equal(g["noise"], e["noise"])

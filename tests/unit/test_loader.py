@@ -350,3 +350,28 @@ def test_windows_to_read_are_those_the_batches_from_the_resume_point_need():
                 got += -(-cut // bs) - skipped
                 carried, previous = n - cut, index
             assert got == total - skip
+
+
+def test_the_data_modules_import_no_cycle_not_even_inside_functions():
+    # test_layout checks cycles at module level; here an import inside a function counts too, so no module of the
+    # data package waits for another that waits for it (the loader's helpers are handed what they need instead).
+    from test_layout import ALL, imports
+
+    data = {m: p for m, p in ALL.items() if m.startswith("spark_dist.data.")}
+    graph = {m: {i for i, _ in imports(m, p) if i in data and i != m} for m, p in data.items()}
+    cycles = []
+
+    def visit(module, trail):
+        for nxt in sorted(graph[module]):
+            if nxt in trail:
+                cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
+            elif nxt not in seen:
+                seen.add(nxt)
+                visit(nxt, trail + [nxt])
+
+    seen = set()
+    for module in sorted(graph):
+        if module not in seen:
+            seen.add(module)
+            visit(module, [module])
+    assert not cycles, cycles

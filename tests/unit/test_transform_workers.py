@@ -348,3 +348,53 @@ def test_workers_start_in_a_rank_with_a_gloo_process_group():
         assert total.tolist() == [1.0, 1.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_later_batchs_error_waits_for_the_batches_before_it(pool):
+    # Batch 1 fails at once on the second worker while batch 0 is still being transformed on the first.
+    it = pool.map([{"i": 0, "delay": 1.0}, {"i": 1, "fail": True}, {"i": 2}], epoch=9)
+    assert int(next(it)["i"]) == 0
+    with pytest.raises(TransformError, match=r"batch 1 of epoch 9.*bad pixel in 1"):
+        next(it)
+    assert [int(b["i"]) for b in pool.map([{"i": i} for i in range(3)], epoch=10)] == [0, 1, 2]
+
+
+def test_an_answer_out_of_order_is_a_runtime_error_that_closes_the_pool(monkeypatch):
+    from spark_dist.data import transform_workers
+
+    real_recv = transform_workers.recv
+
+    def shifted(sock):  # a worker whose answers name another batch than the one it was sent
+        message = real_recv(sock)
+        return message[:2] + (message[2] + 100,) + message[3:] if message[0] == "ok" else message
+
+    workers = TransformWorkers(lambda b: {"x": b["x"]}, workers=1, dataset="garbled")
+    pids = set(workers.pids)
+    monkeypatch.setattr(transform_workers, "recv", shifted)
+    with pytest.raises(RuntimeError, match=r"dataset 'garbled'.*answered batch 100 .* batch 0 was due"):
+        list(workers.map([{"x": torch.tensor(1)}], epoch=0))
+    assert not any(alive(p) for p in pids)
+    with pytest.raises(RuntimeError, match="answered batch 100"):
+        workers.map([{"x": torch.tensor(1)}], epoch=1)
+
+
+def test_a_worker_stuck_past_the_timeout_is_an_error_naming_it_and_the_pool_is_closed():
+    def fn(batch):
+        if batch["i"] == 1:
+            time.sleep(3600)  # a deadlock in a tokenizer, a network read that never returns
+        return {"i": torch.tensor(batch["i"])}
+
+    with pytest.raises(ValueError, match="timeout=-1"):
+        TransformWorkers(fn, workers=1, dataset="stuck", timeout=-1)
+    workers = TransformWorkers(fn, workers=2, dataset="stuck", timeout=2.0)
+    first, forked = workers.pids  # both up: batch 1 goes to the forked worker
+    t0 = time.monotonic()
+    with pytest.raises(TransformError) as caught:
+        list(workers.map([{"i": i} for i in range(4)], epoch=4))
+    assert time.monotonic() - t0 < 30
+    err = caught.value
+    assert (err.dataset, err.epoch, err.batch) == ("stuck", 4, 1)
+    assert f"worker process {forked} " in str(err) and "batch 1 of epoch 4" in str(err) and "timeout=2" in str(err)
+    assert not alive(first) and not alive(forked) and not {first, forked} & children()
+    with pytest.raises(TransformError, match="timeout=2"):
+        workers.map([{"i": 0}], epoch=5)

@@ -80,3 +80,60 @@ def test_a_failing_transform_names_the_dataset_epoch_and_batch(texts):
 def test_bad_transform_arguments_are_named(texts, kwargs, message):
     with pytest.raises(ValueError, match=message):
         loader(texts, **kwargs)
+
+
+def noisy(batch):
+    """The transform of the seeding tests: the ids and a draw from torch's seeded generator."""
+    return {"id": batch["id"], "noise": torch.rand(4)}
+
+
+def test_two_ranks_never_draw_the_same_augmentation_for_a_batch(texts):
+    def rank(r, **kwargs):
+        return make_loader(texts, rank=r, world_size=2, batch_size=32, seed=3, epoch=1, transform=noisy, **kwargs)
+
+    zero, one = list(rank(0)), list(rank(1))
+    assert len(zero) == len(one) == 9
+    assert all(not torch.equal(a["noise"], b["noise"]) for a, b in zip(zero, one))
+    in_workers = rank(1, workers=1)
+    try:
+        for a, b in zip(one, list(in_workers)):  # the rank is in the seed wherever the transform runs
+            assert torch.equal(a["noise"], b["noise"])
+    finally:
+        in_workers.close()
+
+
+def test_a_seed_restored_after_the_first_iteration_reaches_the_transform(texts):
+    restored = loader(texts, transform=noisy)
+    list(restored)  # the transform stage is set up with seed 3
+    restored.load_state_dict({**restored.state_dict(), "seed": 8, "batches": 2})
+    fresh = make_loader(texts, rank=1, world_size=2, batch_size=32, seed=8, epoch=1, transform=noisy)
+    expected = list(fresh)[2:]
+    got = list(restored)
+    assert len(got) == len(expected) == 7
+    for a, b in zip(got, expected):
+        assert torch.equal(a["id"], b["id"]) and torch.equal(a["noise"], b["noise"])
+
+
+def test_a_transform_stuck_on_a_batch_times_out_naming_the_worker_batch_and_epoch(texts):
+    import time
+
+    import psutil
+
+    def stuck_on_the_second(batch):
+        if int(batch["id"][0]) == second:
+            time.sleep(3600)
+        return {"id": batch["id"]}
+
+    second = int(list(loader(texts))[1]["id"][0])
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    stuck = loader(texts, transform=stuck_on_the_second, workers=1, timeout=2)
+    t0 = time.monotonic()
+    with pytest.raises(TransformError, match=r"worker process \d+ .*batch 1 of epoch 1.*timeout=2") as caught:
+        list(stuck)
+    assert time.monotonic() - t0 < 60 and (caught.value.epoch, caught.value.batch) == (1, 1)
+    deadline = time.monotonic() + 10
+    while {c.pid for c in psutil.Process().children(recursive=True)} - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not {c.pid for c in psutil.Process().children(recursive=True)} - before  # the pool was closed
+    with pytest.raises(ValueError, match="timeout=0"):
+        loader(texts, transform=stuck_on_the_second, timeout=0)
