@@ -1,21 +1,21 @@
 """The rank's view of its run: :class:`TrainContext` and :func:`get_context`."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from .task import checkpoint_dirs
+from .task.checkpoints import CHECKPOINT_FILE, RankCheckpoints
 from .wire.protocol import PREEMPTED
 
 _current: Optional["TrainContext"] = None
 
-CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
 PROGRESS_EVERY_S = 0.25
 LOG_KEY = "_log"  # a report holding a log_to_driver message
 LOG_MESSAGE_CHARS = 4000  # longer messages are cut, as Databricks' log_to_driver does
+_LOADER_DEFAULT = object()  # an option left to make_loader's own default
 
 
 @dataclass
@@ -53,10 +53,15 @@ class TrainContext:
 
     def _preemption(self) -> Optional[str]:
         """Why the driver said this run is being preempted (the executors), else ``None``."""
+        reason = self._resize_reason()
+        return reason[len(PREEMPTED):] if reason is not None and reason.startswith(PREEMPTED) else None
+
+    def _resize_reason(self) -> Optional[str]:
+        """Why the driver asks this run to change size now (one store lookup), else ``None``; always ``None``
+        where the run is not watched."""
         if not self._watch_resize or self._reporter is None:
             return None
-        reason = self._reporter.resize_reason()
-        return reason[len(PREEMPTED):] if reason is not None and reason.startswith(PREEMPTED) else None
+        return self._reporter.resize_reason()
 
     def on_preemption(self, callback, every: float = 1.0) -> None:
         """Call ``callback(reason)`` once when :attr:`preempted` becomes true: from a background thread that
@@ -111,7 +116,7 @@ class TrainContext:
     # -- data -------------------------------------------------------------------------------------------
     def loader(self, name: str, batch_size: int, *, epoch: int = 0, shuffle: bool = True, seed: int = 0,
                columns=None, drop_last: bool = True, dtypes=None, pad=None, pad_side: str = "right", ragged=(),
-               shapes=None, transform=None, workers: int = 0, collate=None):
+               shapes=None, transform=None, workers: int = 0, collate=None, timeout=_LOADER_DEFAULT):
         """This rank's equal shard of dataset ``name`` as batches (dicts of column -> tensor, or list).
 
         Every rank yields the same number of batches; the order depends only on ``(seed, epoch)``. What a batch
@@ -129,9 +134,12 @@ class TrainContext:
         augment) runs on every batch in ``workers`` worker processes (fresh interpreters, never a fork of this
         rank; ``0`` runs it in the loader's thread), a bounded number of batches in flight, in the loader's
         order; ``collate`` turns what it returns into the batch where a dict does not fit. Random augmentations
-        are reproducible: each batch is transformed with ``random``, ``numpy.random`` and torch seeded from
-        ``(seed, epoch, batch)``. A transform's exception is raised here as a ``TransformError`` (a
-        ``DatasetError``) naming the dataset, epoch and batch, with the worker's traceback.
+        are reproducible and differ between ranks: each batch is transformed with ``random``, ``numpy.random`` and
+        torch seeded from ``(seed, epoch, rank, batch)``, the rank and batch it was made for (after a resize, a
+        batch dealt to another rank keeps its seed). A transform's exception is raised here as a
+        ``TransformError`` (a ``DatasetError``) naming the dataset, epoch and batch, with the worker's traceback;
+        so is a batch a worker spends more than ``timeout`` seconds on (default 600, ``None``: no limit), naming
+        the worker.
 
         ``loader.set_epoch(e)`` (Lightning calls ``loader.sampler.set_epoch``) picks the epoch; ``loader.state_dict()``
         and ``loader.load_state_dict(state)`` save and restore the place in an epoch with a checkpoint, so a
@@ -167,7 +175,8 @@ class TrainContext:
                              batch_size=batch_size, epoch=epoch, shuffle=shuffle, seed=seed,
                              columns=columns, drop_last=drop_last, device=self.device if self.use_gpu else None,
                              dtypes=dtypes, pad=pad, pad_side=pad_side, ragged=ragged, shapes=shapes,
-                             transform=transform, workers=workers, collate=collate)
+                             transform=transform, workers=workers, collate=collate,
+                             **({} if timeout is _LOADER_DEFAULT else {"timeout": timeout}))
         if self.rank == 0 and self._reporter is not None:  # the driver's progress bar follows rank 0's loader
             loader.on_progress = self._progress
         self.loaders.append(loader)
@@ -214,11 +223,6 @@ class TrainContext:
         if self.checkpoint_dir:
             self.checkpoint_dir = checkpoint_dirs.resolve(self.checkpoint_dir)
 
-    def _checkpoint_dir(self) -> str:
-        if not self._checkpoint_name:
-            raise RuntimeError("this run has no checkpoint directory")
-        return self._checkpoint_name
-
     def save_checkpoint(self, obj, *, sharded: Optional[bool] = None, async_save: bool = False,
                         keep: Optional[int] = None, metric: Optional[str] = None, mode: str = "min") -> None:
         """Save a checkpoint of this run, which a retry (or a resumed run) finds with :meth:`load_checkpoint`.
@@ -235,9 +239,10 @@ class TrainContext:
           ``load_state_dict``; tensors and plain values). ``async_save=True`` stages the state to CPU memory
           and writes it in the background; the next save or load, :meth:`wait_for_checkpoints`, the
           function's return and ``destroy_process_group`` wait for it. ``keep=k`` keeps the ``k`` latest
-          checkpoints, or with ``metric`` (a name this rank reported with :meth:`report`; its latest value is
-          the checkpoint's score) the ``k`` best (``mode`` ``"min"`` or ``"max"``), and always the latest;
-          the driver's ``Distributor.best_checkpoint`` names the best. A sharded checkpoint in the default
+          checkpoints, or with ``metric`` (a name rank 0 reported with :meth:`report`; its latest value there is
+          the checkpoint's score, and the other ranks need not report it) the ``k`` best (``mode`` ``"min"`` or
+          ``"max"``; a NaN or infinite score ranks last), and always the latest; the driver's
+          ``Distributor.best_checkpoint`` names the best. A sharded checkpoint in the default
           directory needs the ranks on one host; across hosts set ``spark.dist.checkpointDir`` to a shared
           filesystem.
 
@@ -248,72 +253,15 @@ class TrainContext:
         Raises:
             RunResized: see above (a ``BaseException``: let it through).
             CheckpointDirError: (a ``PermissionError``) the checkpoint directory is not this user's alone:
-                another owner, writable by group or others, or a symbolic link; the message names
-                ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
+                another owner, writable by group or others, a symbolic link, or under a directory others can
+                write; the message names the path and ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
             ValueError: ``async_save``, ``keep`` or ``metric`` with a rank-0 checkpoint; ``keep`` < 1; ``mode``
-                neither ``"min"`` nor ``"max"``; ``metric`` never reported by this rank; an optimizer in a
-                sharded state beside no module or several.
+                neither ``"min"`` nor ``"max"``; ``metric`` never reported by rank 0, or not a number (raised on
+                every rank alike); an optimizer in a sharded state beside no module or several.
             ConfigError: a sharded checkpoint in the default directory with ranks on several hosts.
             RuntimeError: a sharded checkpoint with several ranks and no ``torch.distributed`` process group.
         """
-        if sharded is None:
-            from .task.checkpoint_state import has_sharded_tensors
-
-            sharded = has_sharded_tensors(obj)
-        if not sharded:
-            given = [name for name, value in (("async_save", async_save), ("keep", keep), ("metric", metric))
-                     if value]
-            if given:
-                raise ValueError(f"save_checkpoint: {', '.join(given)} apply to sharded checkpoints; pass "
-                                 "sharded=True (rank 0's checkpoint is one file, replaced by each save)")
-            if self.rank != 0:
-                return
-            import torch
-
-            with checkpoint_dirs.atomic_write(self._checkpoint_dir(), CHECKPOINT_FILE) as f:
-                torch.save(obj, f)
-            self._resize_here(obj)
-            return
-        if keep is not None and (not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"save_checkpoint: keep must be an integer >= 1, got {keep!r}")
-        if mode not in ("min", "max"):
-            raise ValueError(f"save_checkpoint: mode must be 'min' or 'max', got {mode!r}")
-        score = None
-        if metric is not None:
-            if metric not in self._last_metrics:
-                reported = ", ".join(sorted(self._last_metrics)) or "none"
-                raise ValueError(f"save_checkpoint: metric {metric!r} was never reported by rank {self.rank} "
-                                 f"with ctx.report({metric}=...); reported so far: {reported}")
-            score = float(self._last_metrics[metric])
-        self._sharded().save(obj, async_save=async_save, keep=keep, metric=metric, score=score, mode=mode)
-        self._resize_here(obj)
-
-    def _resize_here(self, obj) -> None:
-        """Rank 0, just after a checkpoint: stop here when the driver asked (an executor under a rank is being
-        decommissioned, or an elastic run's missing slots are free), once the checkpoint is durable (the next
-        attempt resumes from it; no step is lost or repeated). A grow waits for a checkpoint whose loaders'
-        epochs deal out evenly to ``initial_world_size`` ranks (at most a step or two), so that no batch of the
-        epoch is left out; a preemption does not wait.
-
-        Raises:
-            RunResized: the driver asked; the message says why.
-        """
-        if not self._watch_resize or self.rank != 0 or self._reporter is None:
-            return
-        reason = self._reporter.resize_reason()
-        if reason is not None and not reason.startswith(PREEMPTED):
-            from .data.dealt_epoch import deals_evenly, loader_states
-
-            if not all(deals_evenly(state, self.initial_world_size) for state in loader_states(obj)):
-                return
-        if reason is not None:
-            from .errors import RunResized
-
-            if reason.startswith(PREEMPTED):  # the callbacks' threads may not have looked since
-                for hear in self._hear_preemption:
-                    hear(reason[len(PREEMPTED):])
-            self.wait_for_checkpoints()
-            raise RunResized(reason)
+        self._checkpoints().save(obj, sharded=sharded, async_save=async_save, keep=keep, metric=metric, mode=mode)
 
     def load_checkpoint(self, default=None, *, into=None):
         """The latest checkpoint of this run, or ``default`` when there is none.
@@ -328,48 +276,32 @@ class TrainContext:
           whole (every tensor complete, on this rank alone).
 
         Raises:
-            CheckpointDirError: (a ``PermissionError``) the checkpoint or its directory is not this user's
-                alone; the message names ``spark.dist.checkpointDir`` (``checkpoint_dir=``).
+            CheckpointDirError: (a ``PermissionError``) the checkpoint, its directory or a directory above it
+                is not this user's alone; the message names the path and ``spark.dist.checkpointDir``
+                (``checkpoint_dir=``).
             RuntimeError, ConfigError: as for a sharded :meth:`save_checkpoint`.
         """
-        if into is not None:
-            restored = self._sharded().load_into(into)
-            return default if restored is None else restored
-        import torch
-
-        from .task import sharded_checkpoints
-
-        self.wait_for_checkpoints()
-        latest_sharded = self._sharded().latest()
-        f = checkpoint_dirs.open_checked(self._checkpoint_dir(), CHECKPOINT_FILE)
-        if f is None and latest_sharded is None:
-            return default
-        if f is not None and (latest_sharded is None or os.fstat(f.fileno()).st_mtime >= latest_sharded.time):
-            with f:
-                return torch.load(f, map_location="cpu", weights_only=False)
-        if f is not None:
-            f.close()
-        return sharded_checkpoints.load_full(latest_sharded.path)
+        return self._checkpoints().load(default, into=into)
 
     def wait_for_checkpoints(self) -> None:
         """Wait for this rank's asynchronous save in flight, if any (every rank calls it: the save's commit
         waits on all of them); raises the save's error."""
-        if self._sharded_checkpoints is not None:
-            self._sharded_checkpoints.wait()
+        if self._rank_checkpoints is not None:
+            self._rank_checkpoints.wait()
 
-    def _sharded(self):
-        if self._sharded_checkpoints is None:
-            from .task.sharded_checkpoints import ShardedCheckpoints
-
-            self._sharded_checkpoints = ShardedCheckpoints(self._checkpoint_dir(), self.rank, self.world_size,
-                                                           self._send)
-        return self._sharded_checkpoints
+    def _checkpoints(self) -> RankCheckpoints:
+        if self._rank_checkpoints is None:
+            self._rank_checkpoints = RankCheckpoints(
+                self._checkpoint_name, self.rank, self.world_size, self._send, self._last_metrics,
+                resize_reason=self._resize_reason, initial_world_size=self.initial_world_size,
+                hear_preemption=self._hear_preemption)
+        return self._rank_checkpoints
 
     def _send(self, record: Dict[str, Any]) -> None:
         if self._reporter is not None:
             self._reporter({**self._report_head(), **record})
 
-    _sharded_checkpoints = None
+    _rank_checkpoints = None
 
 
 def get_context() -> TrainContext:

@@ -304,14 +304,14 @@ class Distributor:
         latest), as rank 0's host sees it; ``None`` when it saved none, or when its checkpoints went with the
         run (the default directory of a run whose ``run_id`` spark_dist drew is removed once it succeeded: give
         ``checkpoint_dir=`` or ``run_id=`` to keep them). Read it with
-        ``spark_dist.task.sharded_checkpoints.load_full(path)`` or a ``load_checkpoint`` of a resumed run."""
+        ``spark_dist.task.sharded_checkpoints.load_full(path)`` or a ``load_checkpoint`` of a resumed run. The
+        ranking is retention's (a NaN or infinite score ranks last), so the one named is one retention kept."""
+        from ..task.retention import best_of
+
         if not self.checkpoints or not self._checkpoints_kept:
             return None
-        scored = [c for c in self.checkpoints if c["score"] is not None]
-        if not scored:
-            return self.checkpoints[-1]["path"]
-        best = min(scored, key=lambda c: c["score"] if c["mode"] == "min" else -c["score"])
-        return best["path"]
+        best = best_of(self.checkpoints, 1, self.checkpoints[-1]["mode"], score=lambda c: c["score"])
+        return (best[0] if best else self.checkpoints[-1])["path"]
 
     def _on_report(self, record: Dict[str, Any]) -> None:
         if CHECKPOINT_KEY in record:  # rank 0 committed a sharded checkpoint (and removed some)

@@ -11,7 +11,9 @@ What is unpickled: a pickled module, a saved TorchModel and an MLflow model save
 ``torch.load`` and MLflow load them; load only what you or someone you trust wrote. A checkpoint is read with
 ``torch.load(weights_only=True)`` (tensors and plain containers, no code run); one that holds other objects is
 unpickled only when the file and its directory pass the checks a rank makes before resuming from it
-(:mod:`spark_dist.task.checkpoint_dirs`: this user's, writable by nobody else, no symbolic link).
+(:mod:`spark_dist.task.checkpoint_dirs`: this user's, writable by nobody else, no symbolic link, under no
+directory others can write; checked on the descriptor then read, :mod:`spark_dist.host.ownership`); a sharded
+checkpoint is always checked so.
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ import os
 import pickle
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ..context import CHECKPOINT_FILE
 from ..data.handle import local_path
 from ..task import checkpoint_dirs, sharded_checkpoints
+from ..task.checkpoints import CHECKPOINT_FILE
 
 PathLike = Union[str, "os.PathLike[str]"]
 STATE_KEYS = ("model", "model_state_dict", "state_dict")  # where a dict of states usually keeps the model's
@@ -48,8 +50,8 @@ def load_from_checkpoint(model_fn: Callable[[], Any], path: PathLike, *, key: Op
         FileNotFoundError: nothing at ``path``, or a directory without ``checkpoint.pt``.
         ValueError: ``path`` is not a local path; no state under ``key`` (the message lists the keys there).
         CheckpointDirError: (a ``PermissionError``) the checkpoint holds objects other than tensors, which only
-            unpickling reads, and the file or its directory is not this user's alone (a sharded checkpoint:
-            always checked so).
+            unpickling reads, and the file, its directory or a directory above it is not this user's alone (a
+            sharded checkpoint: always checked so); the message names the path.
         TypeError: ``model_fn`` built something that is not a ``torch.nn.Module``.
         RuntimeError: the state does not fit the module (torch's message, naming the keys; ``strict=False``
             skips missing and unexpected keys, not shapes that differ).
@@ -104,9 +106,9 @@ def read_checkpoint(path: PathLike, map_location: Any = "cpu") -> Any:
         f = checkpoint_dirs.open_checked(os.path.dirname(file), os.path.basename(file))
     except checkpoint_dirs.CheckpointDirError as exc:
         raise checkpoint_dirs.CheckpointDirError(
-            f"path={file!r} holds objects other than tensors, which only unpickling reads, and it is not this "
-            f"user's alone: copy it to a directory only you can write, or save the states alone "
-            f"(torch.save(model.state_dict(), path)). {exc}") from exc
+            exc.path, exc.problem, lead=f"path={file!r} holds objects other than tensors, which only unpickling "
+            "reads. ", fix="copy it to a directory only you can write, or save the states alone "
+            "(torch.save(model.state_dict(), path))") from exc
     if f is None:
         raise FileNotFoundError(f"path={file!r}: no such checkpoint on this host ({_where()})")
     with f:

@@ -7,11 +7,14 @@ rank writes or reads one only where nobody but its own uid can write, checked by
 
 - the run's directory and the checkpoint file are owned by the rank's uid, not writable by group or others,
   and not symbolic links: each is opened with ``O_NOFOLLOW`` and checked with ``fstat`` on the open
-  descriptor, so what was checked is what gets used;
+  descriptor, so what was checked is what gets used (:mod:`spark_dist.host.ownership`, the one check that
+  sharded checkpoints and ``read_checkpoint`` make too);
+- no directory above it may be writable by others, unless sticky and root's or ours (as ``/tmp``);
 - the default directory's parent, ``<temp dir>/spark_dist-<uid>``, is owner-only (0700) as well.
 
 A directory given with ``spark.dist.checkpointDir`` (``checkpoint_dir=``) reaches the ranks as the absolute
-``<dir>/<run_id>``; the permissions of ``<dir>`` itself (often a shared filesystem's) are the user's to set.
+``<dir>/<run_id>``; the permissions of ``<dir>`` itself (often a shared filesystem's) are the user's to set,
+writable by a group if they choose, never by everyone.
 The default reaches them as a *name*, ``<run_id>-<token>`` (relative, which a given directory never is), that
 each rank places under its own host's ``<temp dir>/spark_dist-<uid>/``. The token is random when spark_dist
 drew the run_id: no two runs share a directory, and the run's retries (same name) resume. When the user gave
@@ -22,29 +25,50 @@ removes its copy (:func:`remove_after_success`); a named run keeps its checkpoin
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
 import secrets
 import shutil
-import stat
 import tempfile
 from typing import IO, Iterator, Optional
 
 from ..config import CONF_CHECKPOINT_DIR
 from ..errors import ConfigError
+from ..host import ownership
 
 log = logging.getLogger(__name__)
 
 SUCCESS_WAIT_S = 5.0  # a host waits this long for the run's success before removing its checkpoints
 _FIX = f"set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a directory only you can write"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY
 
 
-class CheckpointDirError(PermissionError):
-    """A checkpoint directory or file that someone other than the rank's user could write, or a symbolic link:
-    spark_dist neither writes checkpoints there nor unpickles them."""
+class CheckpointDirError(ownership.NotOwnedError):
+    """A checkpoint directory or file that someone other than the rank's user could write or swap, or a symbolic
+    link: spark_dist neither writes checkpoints there nor unpickles them. A ``PermissionError``; its message
+    names the path, what is wrong with it, and (``fix``) what to change."""
+
+    def __init__(self, path: str, problem: str, lead: str = "", fix: str = _FIX):
+        super().__init__(path, problem)
+        self.args = (f"{lead}spark_dist: the checkpoint path {path} is {problem}, so it is not this user's alone. "
+                     "Checkpoints are unpickled, so whoever can write there could run code in every process that "
+                     f"reads them: {fix}, or fix or remove {path}",)
+        self.lead, self.fix = lead, fix
+
+    def __reduce__(self):
+        return type(self), (self.path, self.problem, self.lead, self.fix)
+
+
+@contextlib.contextmanager
+def explained() -> Iterator[None]:
+    """Raise what :mod:`spark_dist.host.ownership` refuses as a :class:`CheckpointDirError`, which says what to
+    change."""
+    try:
+        yield
+    except CheckpointDirError:
+        raise
+    except ownership.NotOwnedError as exc:
+        raise CheckpointDirError(exc.path, exc.problem) from None
 
 
 def default_name(run_id: str, named: bool) -> str:
@@ -95,7 +119,7 @@ def check_dir(checkpoint_dir: str, create: bool = True) -> bool:
         CheckpointDirError: it (or the default's parent) is not this user's alone, naming the conf key.
         OSError: it cannot be made or opened.
     """
-    fd = _open_run_dir(checkpoint_dir, create)
+    fd = open_run_dir(checkpoint_dir, create)
     if fd is None:
         return False
     os.close(fd)
@@ -110,7 +134,7 @@ def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
     Raises:
         CheckpointDirError: the directory (or the default's parent) is not this user's alone.
     """
-    dir_fd = _open_run_dir(checkpoint_dir, create=True)
+    dir_fd = open_run_dir(checkpoint_dir, create=True)
     tmp = f"{name}.tmp-{os.getpid()}"
     try:
         path = os.path.join(resolve(checkpoint_dir), tmp)
@@ -137,7 +161,7 @@ def open_checked(checkpoint_dir: str, name: str) -> Optional[IO[bytes]]:
     Raises:
         CheckpointDirError: the file, its directory or the default's parent is not this user's alone.
     """
-    dir_fd = _open_run_dir(checkpoint_dir, create=False)
+    dir_fd = open_run_dir(checkpoint_dir, create=False)
     if dir_fd is None:
         return None
     path = os.path.join(resolve(checkpoint_dir), name)
@@ -163,7 +187,8 @@ def remove(checkpoint_dir: str) -> bool:
     if not is_default(checkpoint_dir):
         return False
     try:
-        root = _open_dir(private_root(), create=False, private=True)
+        with explained():
+            root = ownership.open_dir(private_root(), private=True)
         if root is None:
             return False
         os.close(root)
@@ -199,73 +224,38 @@ def remove_after_success(spec, store, outcomes) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------------
-def _open_run_dir(checkpoint_dir: str, create: bool) -> Optional[int]:
-    """A checked descriptor of the run's directory (and of the default's parent first); ``None`` if absent."""
-    if not is_default(checkpoint_dir):
-        if create:  # a given root may not exist yet on this host (the driver may not mount it)
-            os.makedirs(os.path.dirname(checkpoint_dir), mode=0o700, exist_ok=True)
-        return _open_dir(checkpoint_dir, create)
-    root = _open_dir(private_root(), create, private=True)
-    if root is None:
-        return None
-    try:
-        return _open_dir(resolve(checkpoint_dir), create, parent_fd=root)
-    finally:
-        os.close(root)
+def open_run_dir(checkpoint_dir: str, create: bool = False) -> Optional[int]:
+    """A checked descriptor of the run's directory (the default's parent checked first, a given one's parents
+    all the way up); ``None`` when it does not exist. The caller closes it.
+
+    Raises:
+        CheckpointDirError: it, or a directory above it, is not this user's alone.
+    """
+    with explained():
+        if not is_default(checkpoint_dir):  # a given root may not exist yet on this host: made with ``create``
+            return ownership.open_dir(checkpoint_dir, create=create)
+        root = ownership.open_dir(private_root(), create=create, private=True)
+        if root is None:
+            return None
+        try:
+            return ownership.open_dir(resolve(checkpoint_dir), create=create, parent_fd=root)
+        finally:
+            os.close(root)
 
 
-def _open_dir(path: str, create: bool, private: bool = False, parent_fd: Optional[int] = None) -> Optional[int]:
-    """``path`` (relative to ``parent_fd`` by its last component when given) opened without following a link
-    and checked; made owner-only first with ``create``. ``None`` when it does not exist."""
-    target = os.path.basename(path) if parent_fd is not None else path
-    if create:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(target, 0o700, dir_fd=parent_fd)
-    try:
-        fd = _open_at(parent_fd, target, path, _DIR_FLAGS)
-    except FileNotFoundError:
-        return None
-    try:
-        _check(fd, path, want_dir=True, private=private)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+def _open_at(dir_fd: int, name: str, path: str, flags: int) -> int:
+    with explained():
+        return ownership.open_at(dir_fd, name, path, flags)
 
 
-def _open_at(dir_fd: Optional[int], name: str, path: str, flags: int) -> int:
-    """``os.open`` of ``name`` (in ``dir_fd``) never through a link at its end; ``path`` names it in errors."""
-    try:
-        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            _refuse(path, "a symbolic link or not a directory" if flags & os.O_DIRECTORY else "a symbolic link")
-        raise
+def _check(fd: int, path: str, want_dir: bool) -> None:
+    with explained():
+        ownership.check(fd, path, want_dir=want_dir)
 
 
-def _check(fd: int, path: str, want_dir: bool, private: bool = False) -> None:
-    """Refuse what is not ours alone: another owner, group or others may write (or, ``private``, use) it."""
-    info = os.fstat(fd)
-    me = os.getuid()
-    if want_dir and not stat.S_ISDIR(info.st_mode):
-        _refuse(path, "not a directory")
-    if not want_dir and not stat.S_ISREG(info.st_mode):
-        _refuse(path, "not a regular file")
-    if info.st_uid != me:
-        _refuse(path, f"owned by uid {info.st_uid}, not by this rank's uid {me}")
-    if info.st_mode & (0o077 if private else 0o022):
-        need = "owner-only (chmod 700)" if private else "writable by its owner alone (chmod go-w)"
-        _refuse(path, f"of mode {stat.S_IMODE(info.st_mode):04o}, where it must be {need}")
-
-
-def _refuse(path: str, problem: str) -> None:
-    raise CheckpointDirError(
-        f"spark_dist: the checkpoint path {path} is {problem}. Checkpoints are unpickled, so whoever can write "
-        f"there could run code in every rank that resumes: {_FIX}, or fix or remove {path}")
-
-
-__all__ = ["CheckpointDirError", "atomic_write", "check_dir", "default_name", "is_default", "open_checked",
-           "private_root", "remove", "remove_after_success", "removed_after_success", "resolve"]
+__all__ = ["CheckpointDirError", "atomic_write", "check_dir", "default_name", "explained", "is_default",
+           "open_checked", "open_run_dir", "private_root", "remove", "remove_after_success",
+           "removed_after_success", "resolve"]
 
 
 def run_dir(config) -> str:

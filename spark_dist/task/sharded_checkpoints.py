@@ -15,90 +15,26 @@ complete checkpoint, never a torn one.
 - Loading reshards: a checkpoint saved by ``n`` ranks loads on any number (DCP reads the pieces each rank's
   tensors need); without live objects to load into, :func:`load_full` reads every tensor whole, in one process.
 
-DCP's ``.metadata`` and non-tensor items are unpickled on load, so a checkpoint is read only where the run's
-directory passed :mod:`checkpoint_dirs`' checks and the checkpoint's own directory and files are this user's,
-not writable by others and not symbolic links.
+DCP's ``.metadata`` and non-tensor items are unpickled on load, so a checkpoint is read only through
+descriptors checked as this user's alone (:mod:`.sharded_files`, which also lists the committed ones and reads
+one whole). Which are the best is :mod:`.retention`'s ranking, the one the driver's ``best_checkpoint`` uses.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import stat
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..config import CONF_CHECKPOINT_DIR
 from ..errors import ConfigError
-from . import checkpoint_dirs, checkpoint_state
+from . import checkpoint_dirs, checkpoint_state, retention
+from .sharded_files import MARKER, SHARDED_DIR, Committed, committed, load_full, opened, sharded_root
 
-log = logging.getLogger(__name__)
-
-SHARDED_DIR = "sharded"
-MARKER = "COMMITTED.json"
 CHECKPOINT_KEY = "_checkpoint"  # a report telling the driver of a committed (and of removed) checkpoints
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A committed sharded checkpoint: its number, directory, commit time and score (``None`` without a metric)."""
-
-    seq: int
-    path: str
-    time: float
-    world_size: int
-    metric: Optional[str] = None
-    score: Optional[float] = None
-
-
-def sharded_root(checkpoint_dir: str) -> str:
-    """``<run's checkpoint dir on this host>/sharded``."""
-    return os.path.join(checkpoint_dirs.resolve(checkpoint_dir), SHARDED_DIR)
-
-
-def committed(checkpoint_dir: str) -> List[Committed]:
-    """The run's committed sharded checkpoints on this host, oldest first (a checkpoint whose marker someone
-    else could have written is not one)."""
-    root = sharded_root(checkpoint_dir)
-    if not checkpoint_dirs.check_dir(checkpoint_dir, create=False) or not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if not name.isdigit() or not _owned(path, directory=True) or not _owned(os.path.join(path, MARKER)):
-            continue
-        try:
-            with open(os.path.join(path, MARKER)) as f:
-                marker = json.load(f)
-        except (OSError, ValueError):
-            continue
-        found.append(Committed(int(name), path, float(marker["time"]), int(marker["world_size"]),
-                               marker.get("metric"), marker.get("score")))
-    return sorted(found, key=lambda c: c.seq)
-
-
-def load_full(path: str) -> Dict[str, Any]:
-    """Every tensor of the sharded checkpoint at ``path`` whole, read in this process alone (no process group):
-    for inference, or to turn a sharded checkpoint into a ``torch.save`` one.
-
-    Raises:
-        CheckpointDirError: the checkpoint's directory or files are not this user's alone.
-        FileNotFoundError: ``path`` is not a committed checkpoint.
-    """
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    if not os.path.exists(os.path.join(path, MARKER)):
-        raise FileNotFoundError(f"{path} is not a committed sharded checkpoint (no {MARKER})")
-    _check_files(path)
-    state: Dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
-                     no_dist=True)
-    return {key: checkpoint_state.opened(value) for key, value in state.items()}
 
 
 class ShardedCheckpoints:
@@ -117,15 +53,20 @@ class ShardedCheckpoints:
 
     # -- saving -----------------------------------------------------------------------------------------
     def save(self, state: Mapping[str, Any], *, async_save: bool = False, keep: Optional[int] = None,
-             metric: Optional[str] = None, score: Optional[float] = None, mode: str = "min") -> None:
+             metric: Optional[str] = None, metrics: Optional[Mapping[str, Any]] = None, mode: str = "min") -> None:
         """Save ``state`` (live objects, see :mod:`checkpoint_state`) as the next sharded checkpoint; every rank
-        calls it at the same point of training."""
+        calls it at the same point of training. With ``metric``, the checkpoint's score is its latest value in
+        rank 0's ``metrics`` (the other ranks' are not read).
+
+        Raises:
+            ValueError: rank 0 never reported ``metric``, or not as a number: raised on every rank alike.
+        """
         import torch.distributed.checkpoint as dcp
 
         self.wait()
         saved = checkpoint_state.to_saved(state)
         group, no_dist = self._dcp_group()
-        seq = self._next_seq(group)
+        seq, score = self._next_seq(group, metric, metrics or {})
         path = os.path.join(sharded_root(self.checkpoint_dir), f"{seq:08d}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         marker = {"seq": seq, "world_size": self.world_size, "metric": metric, "score": score}
@@ -186,7 +127,8 @@ class ShardedCheckpoints:
         if not kept:
             return
         latest = kept[-1]
-        removed = [c.path for c in kept if c not in _retained(kept, keep, mode)]
+        retained = {c.seq for c in retention.retained(kept, keep, mode, score=lambda c: c.score)}
+        removed = [c.path for c in kept if c.seq not in retained]
         root = sharded_root(self.checkpoint_dir)
         torn = [os.path.join(root, n) for n in os.listdir(root)
                 if n.isdigit() and int(n) < latest.seq and not os.path.exists(os.path.join(root, n, MARKER))]
@@ -195,19 +137,32 @@ class ShardedCheckpoints:
         self._report({CHECKPOINT_KEY: {"path": latest.path, "seq": latest.seq, "metric": latest.metric,
                                        "score": latest.score, "mode": mode, "removed": removed}})
 
-    def _next_seq(self, group) -> int:
-        """One past the highest numbered directory, as rank 0 sees it (the others take its word)."""
-        seq = [None]
+    def _next_seq(self, group, metric: Optional[str], metrics: Mapping[str, Any]) -> tuple:
+        """``(seq, score)`` of the next save, as rank 0 sees them: one past the highest numbered directory, and
+        rank 0's value of ``metric`` (``None`` without one). The others take its word, or its refusal of the
+        metric, which every rank raises alike: none is left waiting in a collective for a rank that gave up.
+
+        Raises:
+            ValueError: rank 0 has no number for ``metric`` (see :func:`retention.score_of`).
+        """
+        answer: List[Any] = [None]
         if self.rank == 0:
-            root = sharded_root(self.checkpoint_dir)
-            checkpoint_dirs.check_dir(self.checkpoint_dir, create=True)
-            os.makedirs(root, mode=0o700, exist_ok=True)
-            seq[0] = 1 + max((int(n) for n in os.listdir(root) if n.isdigit()), default=0)
+            try:
+                score = None if metric is None else retention.score_of(metric, metrics, self.rank)
+            except ValueError as exc:
+                answer[0] = str(exc)
+            else:
+                root = sharded_root(self.checkpoint_dir)
+                checkpoint_dirs.check_dir(self.checkpoint_dir, create=True)
+                os.makedirs(root, mode=0o700, exist_ok=True)
+                answer[0] = (1 + max((int(n) for n in os.listdir(root) if n.isdigit()), default=0), score)
         if group is not None:
             import torch.distributed as dist
 
-            dist.broadcast_object_list(seq, src=0, group=group)
-        return seq[0]
+            dist.broadcast_object_list(answer, src=0, group=group)
+        if isinstance(answer[0], str):
+            raise ValueError(answer[0])
+        return answer[0]
 
     def _dcp_group(self):
         """``(group, no_dist)`` for DCP: a gloo group of this run's ranks, made once (every rank makes it at
@@ -262,13 +217,14 @@ class ShardedCheckpoints:
             dist.broadcast_object_list(choice, src=0, group=group)
         if choice[0] is None:
             return None
-        _check_files(choice[0])
         from torch.distributed.checkpoint import FileSystemReader
 
-        stored = FileSystemReader(choice[0]).read_metadata().state_dict_metadata
-        saved = checkpoint_state.to_saved(state, stored)
-        _check_fits(choice[0], stored, state, saved)
-        dcp.load(saved, checkpoint_id=choice[0], process_group=group, no_dist=no_dist)
+        with opened(choice[0]) as where:  # each rank reads through its own checked descriptor
+            reader = FileSystemReader(where)
+            stored = reader.read_metadata().state_dict_metadata
+            saved = checkpoint_state.to_saved(state, stored)
+            _check_fits(choice[0], stored, state, saved)
+            dcp.load(saved, storage_reader=reader, process_group=group, no_dist=no_dist)
         return checkpoint_state.restore(state, saved)
 
 
@@ -282,10 +238,12 @@ def _check_fits(path: str, stored: Mapping[str, Any], state: Mapping[str, Any], 
         ConfigError: naming the first keys of each kind, the shapes, and what to change.
     """
     import torch
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    flat, _ = flatten_state_dict(dict(saved))
+    planner = DefaultLoadPlanner()  # flattens the keys as the load will
+    planner.set_up_planner(dict(saved))
+    flat = planner.state_dict
     modules = [k for k, v in state.items() if isinstance(v, torch.nn.Module)]
     missing = [k for k in flat if k not in stored]
     unexpected = [k for k in stored if k not in flat and any(k.startswith(f"{m}.") for m in modules)]
@@ -304,35 +262,5 @@ def _check_fits(path: str, stored: Mapping[str, Any], state: Mapping[str, Any], 
                           "the keys the checkpoint holds")
 
 
-def _retained(found: List[Committed], keep: Optional[int], mode: str) -> List[Committed]:
-    """The checkpoints retention keeps of ``found`` (oldest first): all without ``keep``; else the ``keep``
-    latest, or the ``keep`` best by score when they have one; and always the latest."""
-    if keep is None:
-        return list(found)
-    scored = [c for c in found if c.score is not None]
-    if scored:
-        best = sorted(scored, key=lambda c: c.score if mode == "min" else -c.score)[:keep]
-    else:
-        best = found[-keep:]
-    return [c for c in found if c in best or c is found[-1]]
-
-
-def _owned(path: str, directory: bool = False) -> bool:
-    """Whether ``path`` is this user's, not writable by group or others, and of its kind (no symbolic link)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    return kind and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _check_files(path: str) -> None:
-    """Raise unless the checkpoint directory and every file in it are this user's alone."""
-    bad = [] if _owned(path, directory=True) else [path]
-    if not bad:
-        bad = [os.path.join(path, n) for n in os.listdir(path) if not _owned(os.path.join(path, n))]
-    if bad:
-        raise checkpoint_dirs.CheckpointDirError(
-            f"{bad[0]} is not this user's alone (another owner, writable by others, or a link): spark_dist does "
-            f"not unpickle it; set {CONF_CHECKPOINT_DIR} (or checkpoint_dir=) to a directory only you can write")
+__all__ = ["CHECKPOINT_KEY", "MARKER", "SHARDED_DIR", "Committed", "ShardedCheckpoints", "committed", "load_full",
+           "sharded_root"]
