@@ -65,7 +65,7 @@ def rank_main(rank, world_size, port, directory, layers, width, rounds, out):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from spark_dist.context import TrainContext
+    from spark_dist.task.context import TrainContext
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)

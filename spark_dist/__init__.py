@@ -3,7 +3,7 @@ from .data import petastorm_compat
 
 petastorm_compat.install()  # before anything imports Petastorm: it needs names new pyarrow and numpy removed
 
-from .context import TrainContext, get_context, log_to_driver  # noqa: E402
+from .task.context import TrainContext, get_context, log_to_driver  # noqa: E402
 from .errors import (ClusterConfigError, ConfigError, RankFailure, RunResized, RunTimeoutError,  # noqa: E402
                      TrainingFailedError)
 from .driver.distributor import Distributor  # noqa: E402

@@ -18,7 +18,7 @@ from ..spark import session
 from . import elastic, slots, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
-from ..context import LOG_KEY, REPORT_KEYS
+from ..wire.protocol import LOG_KEY, REPORT_KEYS
 from ..task.sharded_checkpoints import CHECKPOINT_KEY
 from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .attempt import Attempt, Sizes

@@ -19,7 +19,7 @@ import itertools
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
-from ..context import LOG_KEY
+from ..wire.protocol import LOG_KEY
 from ..task.sharded_checkpoints import CHECKPOINT_KEY
 
 PER_RANK = 1000  # the latest records kept of each rank's (at a few hundred bytes a record)

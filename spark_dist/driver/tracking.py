@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Dict, Optional
 
-from ..context import REPORT_KEYS
+from ..wire.protocol import REPORT_KEYS
 
 log = logging.getLogger("spark_dist")
 

@@ -3,6 +3,6 @@
 A task reads its slots from the barrier context, joins the run's store, waits for its rank assignment, starts
 one rank process per slot (forked from a warm process, or spawned), supervises them (heartbeats, the abort
 key, their exit) and relays what they print and report; a rank process runs the user's function with a
-:class:`~spark_dist.context.TrainContext`. Imports ``data``, ``backends``, ``wire``, ``spark``, ``host``;
+:class:`~spark_dist.task.context.TrainContext`. Imports ``data``, ``backends``, ``wire``, ``spark``, ``host``;
 never ``driver``.
 """

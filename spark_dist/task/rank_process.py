@@ -64,7 +64,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
 
     import cloudpickle
 
-    from .. import context
+    from . import context
     from . import teardown
 
     os.environ.update(env)

@@ -7,7 +7,7 @@ import stat
 import pytest
 import torch
 
-from spark_dist.context import CHECKPOINT_FILE, TrainContext
+from spark_dist.task.context import CHECKPOINT_FILE, TrainContext
 
 OTHER_UID = 65534  # nobody
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")

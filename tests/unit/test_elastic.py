@@ -89,7 +89,7 @@ class _AskingReporter:
 
 
 def test_rank_0_stops_once_its_checkpoint_is_written_when_the_driver_asks(tmp_path):
-    from spark_dist.context import CHECKPOINT_FILE, TrainContext
+    from spark_dist.task.context import CHECKPOINT_FILE, TrainContext
     from spark_dist.errors import RunResized
 
     def ctx(rank, reason, watched=True):
@@ -114,7 +114,7 @@ def test_rank_0_stops_once_its_checkpoint_is_written_when_the_driver_asks(tmp_pa
 def test_every_rank_learns_of_a_preemption_and_rank_0_stops_at_its_next_checkpoint(tmp_path):
     import threading
 
-    from spark_dist.context import TrainContext
+    from spark_dist.task.context import TrainContext
     from spark_dist.errors import RunResized
 
     reporter = _AskingReporter(None)
@@ -138,7 +138,7 @@ def test_every_rank_learns_of_a_preemption_and_rank_0_stops_at_its_next_checkpoi
 
 
 def test_rank_0_hears_a_preemption_once_even_when_its_checkpoint_stops_it_first(tmp_path):
-    from spark_dist.context import TrainContext
+    from spark_dist.task.context import TrainContext
     from spark_dist.errors import RunResized
 
     reporter = _AskingReporter(None)
@@ -155,7 +155,7 @@ def test_rank_0_hears_a_preemption_once_even_when_its_checkpoint_stops_it_first(
 
 
 def test_a_grow_waits_for_a_checkpoint_whose_epoch_deals_out_evenly_a_preemption_does_not(tmp_path):
-    from spark_dist.context import TrainContext
+    from spark_dist.task.context import TrainContext
     from spark_dist.errors import RunResized
 
     def ctx(reason):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from spark_dist.context import TrainContext
+from spark_dist.task.context import TrainContext
 from spark_dist.inference import (load_from_checkpoint, load_mlflow_model, load_pickled_module, load_pretrained,
                                   read_checkpoint)
 from spark_dist.task.checkpoint_dirs import CheckpointDirError

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.multiprocessing as mp  # noqa: E402
 
-from spark_dist.context import TrainContext  # noqa: E402
+from spark_dist.task.context import TrainContext  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
 from tests.free_ports import free_ports  # noqa: E402
 

@@ -17,7 +17,7 @@ LAYERS = [
     ["spark_dist.spark"],
     ["spark_dist.config"],
     ["spark_dist.data", "spark_dist.backends"],
-    ["spark_dist.task", "spark_dist.context"],
+    ["spark_dist.task"],
     ["spark_dist.driver"],
     ["spark_dist.ml", "spark_dist.inference", "spark_dist.tune", "spark_dist.dropins", "spark_dist.cli",
      "spark_dist.__main__"],

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spark_dist.context import TrainContext  # noqa: E402
+from spark_dist.task.context import TrainContext  # noqa: E402
 from spark_dist.inference import read_checkpoint  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
 from spark_dist.task.checkpoint_dirs import CheckpointDirError  # noqa: E402

@@ -2,8 +2,8 @@
 import contextlib
 import io
 
-from spark_dist import context
-from spark_dist.context import TrainContext
+from spark_dist.task import context
+from spark_dist.task.context import TrainContext
 from spark_dist.task.output import ProgressBar
 
 

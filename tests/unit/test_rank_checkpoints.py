@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from spark_dist import context  # noqa: E402
-from spark_dist.context import TrainContext  # noqa: E402
+from spark_dist.task import context  # noqa: E402
+from spark_dist.task.context import TrainContext  # noqa: E402
 from spark_dist.task import checkpoints  # noqa: E402
 
 SIGNATURES = {

@@ -3,7 +3,7 @@ are bounded however long the run, keep what the driver's state is built from, an
 No JVM: the first task's coordinator is a stand-in that reports as the ranks would."""
 import pytest
 
-from spark_dist.context import LOG_KEY
+from spark_dist.wire.protocol import LOG_KEY
 from spark_dist.driver.report_tail import ReportTail
 from spark_dist.task.sharded_checkpoints import CHECKPOINT_KEY
 

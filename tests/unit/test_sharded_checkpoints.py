@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import torch.multiprocessing as mp  # noqa: E402
 from torch.multiprocessing.spawn import ProcessException  # noqa: E402
 
-from spark_dist.context import TrainContext  # noqa: E402
+from spark_dist.task.context import TrainContext  # noqa: E402
 from spark_dist.errors import ConfigError  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
 from tests.free_ports import free_ports  # noqa: E402

@@ -5,15 +5,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from .task import checkpoint_dirs
-from .task.checkpoints import CHECKPOINT_FILE, RankCheckpoints
-from .wire.protocol import PREEMPTED
+from . import checkpoint_dirs
+from .checkpoints import CHECKPOINT_FILE, RankCheckpoints
+from ..wire.protocol import LOG_KEY, PREEMPTED, REPORT_KEYS
 
 _current: Optional["TrainContext"] = None
 
-REPORT_KEYS = ("rank", "attempt", "time")  # what every report carries besides the user's metrics
 PROGRESS_EVERY_S = 0.25
-LOG_KEY = "_log"  # a report holding a log_to_driver message
 LOG_MESSAGE_CHARS = 4000  # longer messages are cut, as Databricks' log_to_driver does
 _LOADER_DEFAULT = object()  # an option left to make_loader's own default
 
@@ -169,7 +167,7 @@ class TrainContext:
         if name not in self.datasets:
             given = ", ".join(sorted(self.datasets)) or "none"
             raise KeyError(f"dataset {name!r} was not given to run(datasets=...); given: {given}")
-        from .data import make_loader
+        from ..data import make_loader
 
         loader = make_loader(self.datasets[name], rank=self.rank, world_size=self.world_size,
                              batch_size=batch_size, epoch=epoch, shuffle=shuffle, seed=seed,
