@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from ..errors import ConfigError
 from ..spark import session
 from . import petastorm_inputs
-from .checks import _aggregate_cache, _enough_rows, _judge, unequal_lengths
+from .checks import _aggregate_cache, _enough_rows, _kinds_and_stats, unequal_lengths
 from .handle import DatasetError, DatasetHandle, describe_files, local_path
 from .location import CACHE_DIR_CONF, _check_reachable, _parent_url, remote_hosts
 from .registry import (_Entry, _add, _app_id, _delete, _done_writing, _evict, _find_or_claim, _hold, _input_files,
@@ -119,7 +119,7 @@ def handles_for_run(spark, datasets: Dict[str, Any], num_ranks: int) -> Dict[str
     return prepare_datasets(spark, datasets, num_ranks)
 
 
-def kept(handles: Dict[str, Any]):
+def not_evicted(handles: Dict[str, Any]):
     """A context in which the handles' caches are not evicted (while ranks read them); nothing without any."""
     return in_use(handles.values()) if handles else contextlib.nullcontext()
 
@@ -160,7 +160,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
         if missing:  # written by a caller that did not ask for these ranges: one aggregation over the cache
             stats = (source.measure(kinds, ranges) if source is not None
                      else _aggregate_cache(spark, hit.handle.cache_dir_url, df.schema, kinds, ranges))
-            _, described = _judge(name, stats, hit.handle.num_rows, kinds, num_ranks)
+            _, described = _kinds_and_stats(name, stats, hit.handle.num_rows, kinds, num_ranks)
             hit.handle = replace(hit.handle, columns=tuple(
                 replace(c, stats=described.get(c.name, c.stats)) for c in hit.handle.columns))
         return replace(hit.handle, name=name)
@@ -177,7 +177,7 @@ def _prepare_one(spark, name: str, df, kinds: Dict[str, str], num_ranks: int, pa
                 url, files, rows = converter.cache_dir_url, converter.file_urls, len(converter)
             else:
                 url, files, rows = source.url, source.file_urls, int(stats["rows"])
-            settled, described = _judge(name, stats, rows, kinds, num_ranks, fixed_length)
+            settled, described = _kinds_and_stats(name, stats, rows, kinds, num_ranks, fixed_length)
             entry.handle = _described(spark, name, url, files, settled, described)
             if source is not None:
                 entry.handle = source.decorated(entry.handle)

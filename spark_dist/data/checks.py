@@ -1,7 +1,7 @@
 """The value checks of a dataset: what to measure, and the errors (or column stats) the measures make.
 
 The measures are aggregations: the cache write computes them as it goes (``DataFrame.observe``, no job of
-its own), or one aggregation job computes them over a cache made before. :func:`_judge` turns them into a
+its own), or one aggregation job computes them over a cache made before. :func:`_kinds_and_stats` turns them into a
 :class:`DatasetError` naming the dataset and column, or into each column's :class:`ColumnStats`.
 """
 import logging
@@ -116,7 +116,7 @@ _FILL = {BINARY: "F.coalesce(F.col({c!r}), F.lit(bytearray()))", STRING: "df.na.
          ARRAY: "F.coalesce(F.col({c!r}), F.array())"}
 
 
-def _judge(name: str, stats: Dict[str, Any], rows: int, kinds: Dict[str, str], num_ranks: int,
+def _kinds_and_stats(name: str, stats: Dict[str, Any], rows: int, kinds: Dict[str, str], num_ranks: int,
            fixed_length: Iterable[str] = ()) -> Tuple[Dict[str, str], Dict[str, ColumnStats]]:
     """Turn the measures into errors (naming the dataset and column) or into each column's kind and stats.
 

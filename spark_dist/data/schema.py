@@ -12,7 +12,7 @@ from ..errors import DatasetError
 
 SCALAR, ARRAY, VECTOR = "scalar", "array", "vector"
 # The loader's other kinds. SEQUENCE is never a schema's answer: the write measures an ARRAY column's lengths,
-# and one whose rows differ in length is a SEQUENCE from then on (.checks._judge).
+# and one whose rows differ in length is a SEQUENCE from then on (.checks._kinds_and_stats).
 BINARY, STRING, NESTED, SEQUENCE = "binary", "string", "nested", "sequence"
 NUMBER_KINDS = (SCALAR, ARRAY, VECTOR, NESTED)  # fixed-size numbers per row: the loader's numpy path
 

@@ -35,7 +35,7 @@ from ..wire.ranks import TaskInfo
 from ..wire.sealed_store import SealedStore, bind_in_range, host_store
 from . import elastic, first_task
 from .coordinator import Coordinator
-from .outcome import JobError, Outcome, Seen, outcome_of
+from .outcome import AttemptEvidence, JobError, Outcome, outcome_of
 
 # How long the client waits for the job after the first task's own timeout (and the abort grace) under Connect,
 # and for the job's end once it cancelled it: the stage's end travels back through the server.
@@ -255,24 +255,25 @@ class Attempt:
 
     def _outcome_from_task(self, records, error: Optional[BaseException], timed_out: bool,
                            store_port: int) -> Outcome:
-        """The outcome from what the first task saw: its :class:`~spark_dist.driver.first_task.Watched` record,
+        """The outcome from what the first task saw: its :class:`~spark_dist.driver.first_task.FirstTaskReport` record,
         or the verdict in the error with which it failed the stage; its reports and output shown here."""
-        watched = next((r for r in records if isinstance(r, first_task.Watched)), None)
-        if watched is None and error is not None:
-            watched = first_task.verdict_in(str(error), self.spec.secret)
-            error = None if watched is not None else error
-        if watched is None:
-            seen = Seen(driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
-                        host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout,
-                        now=time.time(), timed_out=timed_out)
+        from_first_task = next((r for r in records if isinstance(r, first_task.FirstTaskReport)), None)
+        if from_first_task is None and error is not None:
+            from_first_task = first_task.verdict_in(str(error), self.spec.secret)
+            error = None if from_first_task is not None else error
+        if from_first_task is None:
+            seen = AttemptEvidence(driver_host=self.config.driver_host,
+                                   rendezvous_timeout=self.config.rendezvous_timeout,
+                                   host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout,
+                                   now=time.time(), timed_out=timed_out)
         else:
-            seen = watched.seen
-            for report in watched.reports:
+            seen = from_first_task.seen
+            for report in from_first_task.reports:
                 self.owner._on_report(report)
             show = output.printer(self.owner.log_ranks)
-            for line in watched.output if show is not None else ():
+            for line in from_first_task.output if show is not None else ():
                 show(*line)
         job_error = None if error is None else JobError(type(error).__name__, str(error))
         return outcome_of(dataclasses.replace(
-            seen, records=tuple(r for r in records if not isinstance(r, first_task.Watched)), job_error=job_error,
-            store_port=store_port, store_in_task=True))
+            seen, records=tuple(r for r in records if not isinstance(r, first_task.FirstTaskReport)),
+            job_error=job_error, store_port=store_port, store_in_task=True))

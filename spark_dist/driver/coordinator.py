@@ -4,7 +4,8 @@ On a classic session and in local mode the driver hosts the store and runs the :
 Spark Connect the client may be unreachable from the executors, so the first task hosts both (see
 :mod:`spark_dist.driver.first_task`). Either way the coordinator assigns ranks once every task has come,
 relays the ranks' reports in order, tells a host whose ranks went silent, enforces the timeout and the abort
-grace, and finally says what it saw (:class:`~spark_dist.driver.outcome.Seen`) for :func:`~spark_dist.driver.outcome.outcome_of`.
+grace, and finally says what it saw (:class:`~spark_dist.driver.outcome.AttemptEvidence`) for
+:func:`~spark_dist.driver.outcome.outcome_of`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..backends.base import torchrun_env
 from ..config import RunConfig
-from .outcome import JobError, Seen
+from .outcome import AttemptEvidence, JobError
 from ..task.output import OutputRelay
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, RESIZE, RUN_SUCCEEDED, Abort, LaunchSpec,
                        SlotAssignment, assignment_key, beat_key, ended_key, stack_key, task_key)
@@ -268,12 +269,12 @@ class Coordinator:
                 self.failures[failure.rank] = failure
         return list(self.failures.values())
 
-    def seen(self, records=(), job_error: Optional[BaseException] = None) -> Seen:
+    def seen(self, records=(), job_error: Optional[BaseException] = None) -> AttemptEvidence:
         """What this attempt saw, read from the store once the tasks are done."""
         store = self.store
         failures = tuple(self._take_failures())
         stacks = {r.rank: stack for r in self.ranks if (stack := store.lookup(stack_key(r.rank))) is not None}
-        return Seen(
+        return AttemptEvidence(
             driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
             host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout, now=time.time(),
             tasks=tuple(self.tasks), ranks=tuple(self.ranks), failures=failures, stacks=stacks,

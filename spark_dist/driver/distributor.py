@@ -181,7 +181,7 @@ class Distributor:
             sized = config if size == config.num_processes else dataclasses.replace(
                 config, num_processes=size, grow_wait=short_grows.wait_for(ended, size))
             # no eviction of these caches while the ranks read them; the job only once its slots are free
-            with cache.kept(handles), self._slots(spark, sized, attempt) as queued:
+            with cache.not_evicted(handles), self._slots(spark, sized, attempt) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time
                 remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).

@@ -8,11 +8,11 @@ executor host (``getTaskInfos``, static) and its port the one the client drew fo
 that turns out taken there fails the first task with a marked error (:data:`PORT_TAKEN`), and the client
 relaunches the attempt on another port (not counted as a retry).
 
-What comes back: every task's records and, from the first task, what its coordinator saw (:class:`Watched`).
+What comes back: every task's records and, from the first task, what its coordinator saw (:class:`FirstTaskReport`).
 The ranks' ``ctx.report`` records and printed lines reach the client with it, at the end of the attempt:
 Connect has no channel from executors to the client while a job runs. Both are bounded tails, with a count
-of what was dropped (:class:`~.report_tail.ReportTail`, :class:`~spark_dist.task.output.OutputTail`). A host that went silent would keep the
-job from ending, so the first task then fails the stage on purpose, carrying what it saw in its error
+of what was dropped (:class:`~.report_tail.ReportTail`, :class:`~spark_dist.task.output.OutputTail`). A host
+that went silent would keep the job from ending, so the first task then fails the stage on purpose, carrying what it saw in its error
 (:func:`verdict`, read back by :func:`verdict_in`).
 
 :func:`host_and_watch` runs in the task: the task side gets it as a callable inside the job's closure
@@ -38,7 +38,7 @@ from ..task import output
 from ..wire.protocol import ABORT, Abort, LaunchSpec
 from ..wire.sealed_store import SealedStore, bind_listener, host_store
 from ..wire.sealing import Sealer
-from .outcome import Seen
+from .outcome import AttemptEvidence
 from .report_tail import ReportTail
 
 VERDICT = "spark_dist-verdict"  # brackets what the first task saw, in the error that fails the stage
@@ -73,22 +73,22 @@ def configured_ports_taken(ports: Tuple[int, int], tried: List[int], error_text:
 
 
 @dataclass(frozen=True)
-class Watched:
+class FirstTaskReport:
     """What the first task's coordinator saw, and the reports it relayed (a bounded tail: :mod:`.report_tail`)."""
 
-    seen: Seen
+    seen: AttemptEvidence
     reports: tuple
     output: tuple = ()  # (rank, stream, line): the tail of what each rank printed (output.OutputTail)
 
 
-def verdict(watched: Watched, secret: bytes) -> str:
-    """``watched`` as text for an error message, sealed with the attempt's secret like every store value: the
+def verdict(report: FirstTaskReport, secret: bytes) -> str:
+    """``report`` as text for an error message, sealed with the attempt's secret like every store value: the
     message shows in the Spark UI, so what the ranks printed and reported must not be readable there."""
-    sealed = Sealer(secret).seal(VERDICT, zlib.compress(pickle.dumps(watched)))
+    sealed = Sealer(secret).seal(VERDICT, zlib.compress(pickle.dumps(report)))
     return f"{VERDICT}<{base64.b64encode(sealed).decode()}>"
 
 
-def verdict_in(text: str, secret: bytes) -> Optional[Watched]:
+def verdict_in(text: str, secret: bytes) -> Optional[FirstTaskReport]:
     """What the first task saw, from the error with which it failed the stage on purpose (``None`` when the
     text holds none, or one not sealed with ``secret``: it is never unpickled then)."""
     found = re.search(re.escape(VERDICT) + r"<([A-Za-z0-9+/=]+)>", text)
@@ -153,10 +153,10 @@ def host_and_watch(config: RunConfig, time_left: Optional[float], spec: LaunchSp
                 from crashed[0]
         coordinator.drain_reports(final=True)
         coordinator.drain_output(final=True)
-        watched = Watched(coordinator.seen(), reports.items(), lines.items())
+        report = FirstTaskReport(coordinator.seen(), reports.items(), lines.items())
     finally:
         backend.stop()
     if coordinator.lost_ranks:
         raise RuntimeError(f"spark_dist: ranks {[r.rank for r in coordinator.lost_ranks]} went silent; "
-                           f"{verdict(watched, spec.secret)}")
-    return records + [watched]
+                           f"{verdict(report, spec.secret)}")
+    return records + [report]

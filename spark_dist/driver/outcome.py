@@ -1,6 +1,6 @@
 """What an attempt's end means: rank 0's result or the failures to report, and whether to try again.
 
-Pure functions of what the attempt saw (:class:`Seen`): the launcher gathers it once the job has ended, and
+Pure functions of what the attempt saw (:class:`AttemptEvidence`): the launcher gathers it once the job has ended, and
 the rules here are tested with tables of cases (``tests/test_outcome.py``). The order of the rules is the
 order of causes: a timeout explains everything after it; a host that went silent explains what its peers
 reported; the driver's rendezvous timeout explains what the tasks did after its abort; then what the ranks
@@ -28,7 +28,7 @@ class JobError:
 
 
 @dataclass(frozen=True)
-class Seen:
+class AttemptEvidence:
     """What one attempt saw, gathered once its job has ended."""
 
     driver_host: str
@@ -59,7 +59,7 @@ class Outcome:
     timed_out: bool = False
 
 
-def outcome_of(seen: Seen) -> Outcome:
+def outcome_of(seen: AttemptEvidence) -> Outcome:
     """The attempt's outcome. Each failure's ``seq`` orders it for :func:`~spark_dist.errors.root_cause`."""
     seen = _on_driver(seen)
     if seen.timed_out:
@@ -96,7 +96,7 @@ def outcome_of(seen: Seen) -> Outcome:
     return Outcome(result_bytes=b"".join(data for _, data in chunks))
 
 
-def _on_driver(seen: Seen) -> Seen:
+def _on_driver(seen: AttemptEvidence) -> AttemptEvidence:
     """``seen`` with its failures marked ``on_driver`` when the ranks ran on the driver (local mode: no slot
     has an executor, and all are Spark task 0, see :class:`~spark_dist.wire.ranks.TaskInfo`), so that a SIGKILL
     points to the driver's machine's memory rather than an executor's."""
@@ -105,7 +105,7 @@ def _on_driver(seen: Seen) -> Seen:
     return dataclasses.replace(seen, failures=tuple(dataclasses.replace(f, on_driver=True) for f in seen.failures))
 
 
-def _timed_out(seen: Seen) -> List[RankFailure]:
+def _timed_out(seen: AttemptEvidence) -> List[RankFailure]:
     message = f"the run exceeded timeout={seen.timeout:g}s"
     hung = [RankFailure(r.rank, r.host, "timeout", message, traceback=seen.stacks[r.rank], seq=r.rank + 1)
             for r in seen.ranks if r.rank in seen.stacks]
@@ -117,7 +117,7 @@ def _timed_out(seen: Seen) -> List[RankFailure]:
         message + (" while the ranks were starting" if seen.ranks else " before every rank started"))]
 
 
-def _rendezvous_failure(seen: Seen) -> RankFailure:
+def _rendezvous_failure(seen: AttemptEvidence) -> RankFailure:
     store = f"{seen.driver_host}:{seen.store_port}" if seen.store_port else seen.driver_host
     # Tasks that ran but could not connect look the same as tasks that never ran: say what to check for both.
     if seen.store_in_task:
@@ -140,11 +140,11 @@ def _after(failures: Sequence[RankFailure], offset: int, skip=frozenset()) -> Li
     return [dataclasses.replace(f, seq=offset + (f.seq or 0)) for f in failures if f.rank not in skip]
 
 
-def _task_of(seen: Seen, rank: int) -> int:
+def _task_of(seen: AttemptEvidence, rank: int) -> int:
     return next(i for i, r in enumerate(seen.ranks) if r.rank == rank)
 
 
-def _rank_failure(seen: Seen, rank: int, message: str, seq: int, **extra) -> RankFailure:
+def _rank_failure(seen: AttemptEvidence, rank: int, message: str, seq: int, **extra) -> RankFailure:
     return RankFailure(rank, seen.ranks[_task_of(seen, rank)].host, "lost", message, seq=seq, time=seen.now,
                        **extra)
 
@@ -160,7 +160,7 @@ _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _LOST = re.compile(r"(Python worker exited unexpectedly[^\n]*|ExecutorLostFailure[^\n]*)")
 
 
-def lost_task_failures(seen: Seen) -> List[RankFailure]:
+def lost_task_failures(seen: AttemptEvidence) -> List[RankFailure]:
     """The Spark job failed with no rank report of its own (executor lost, task killed, the task's Python
     failed before its rank started). Name the rank of the failed barrier task when Spark says which it was,
     and when Spark lost its whole executor, every rank that executor ran; lead with the Python error if there

@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 _STATE_BLOB = b"spark_dist state_dict\n"  # heads a stateful object's pickled state dict in a checkpoint
 
 
-def opened(value: Any) -> Any:
+def unpickled_state(value: Any) -> Any:
     """A stateful object's state dict back from its saved form; any other value as it is."""
     if isinstance(value, bytes) and value.startswith(_STATE_BLOB):
         return pickle.loads(value[len(_STATE_BLOB):])
@@ -117,7 +117,7 @@ def restore(state: Mapping[str, Any], loaded: Mapping[str, Any]) -> Dict[str, An
         elif key in optimizers:
             set_optimizer_state_dict(module, value, loaded[key])
         elif key in stateful:
-            value.load_state_dict(opened(loaded[key]))
+            value.load_state_dict(unpickled_state(loaded[key]))
         else:
             restored[key] = loaded[key]
     return restored

@@ -26,7 +26,7 @@ HostStore = Callable[[LaunchSpec, Callable[[], List[Any]]], List[Any]]
 def run_partition(spec: LaunchSpec, host_store: Optional[HostStore], batches) -> Iterator[Any]:
     """``mapInArrow`` function of the barrier stage: serve this task's ranks; yield their records
     (:class:`~spark_dist.wire.protocol.ResultChunk` from rank 0, a :class:`~spark_dist.wire.protocol.TaskStatus`
-    per slot; under Connect the first task's :class:`~spark_dist.driver.first_task.Watched` too) as one batch.
+    per slot; under Connect the first task's :class:`~spark_dist.driver.first_task.FirstTaskReport` too) as one batch.
 
     ``host_store``: ``None`` when ``spec`` names a store already up; else the first task calls it to host the
     store on its executor's host (every task reads that host from ``getTaskInfos``, no barrier sync).

@@ -129,7 +129,7 @@ def load_full(path: str) -> Dict[str, Any]:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(flat, storage_reader=reader, planner=planner, no_dist=True)
     state = _nested(flat, metadata.planner_data or {})
-    return {key: checkpoint_state.opened(value) for key, value in state.items()}
+    return {key: checkpoint_state.unpickled_state(value) for key, value in state.items()}
 
 
 def _committed(root_fd: int, root: str, name: str) -> Optional[Committed]:

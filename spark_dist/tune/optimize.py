@@ -142,7 +142,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
 
     catch = tuple(catch) + (TrainingFailedError, RunTimeoutError, TrialValueError)
     failed = True
-    with cache.kept(handles):  # no eviction of the datasets' caches during the study
+    with cache.not_evicted(handles):  # no eviction of the datasets' caches during the study
         try:
             _run_interruptibly(
                 lambda: study.optimize(run_trial, n_trials=n_trials, timeout=timeout, n_jobs=n_jobs, catch=catch,

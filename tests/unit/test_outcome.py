@@ -2,7 +2,7 @@
 import pytest
 
 from spark_dist.errors import RankFailure, root_cause
-from spark_dist.driver.outcome import JobError, Seen, outcome_of, worth_retrying
+from spark_dist.driver.outcome import AttemptEvidence, JobError, outcome_of, worth_retrying
 from spark_dist.wire.protocol import ResultChunk, TaskOutcome, TaskStatus
 from spark_dist.wire.ranks import TaskInfo, assign_ranks
 
@@ -17,7 +17,7 @@ TWO_HOSTS = (TaskInfo(0, "h1"), TaskInfo(1, "h2"), TaskInfo(2, "h1"), TaskInfo(3
 def seen(**what):
     base = dict(driver_host="d", rendezvous_timeout=300.0, host_lost_timeout=10.0, timeout=60.0, now=1.0,
                 tasks=TASKS, ranks=RANKS)
-    return Seen(**{**base, **what})
+    return AttemptEvidence(**{**base, **what})
 
 
 def raised(rank, message="boom", exc_type="ValueError", seq=None):
