@@ -5,6 +5,7 @@ formats a rank's failure as ``rank 1 on host h: ...``.
 """
 from __future__ import annotations
 
+import errno
 import re
 import signal as _signal
 from dataclasses import dataclass, field
@@ -36,6 +37,25 @@ class ClusterConfigError(ConfigError, RuntimeError):
     ``spark.task.resource.gpu.amount``, none on the driver), ``num_processes`` not a multiple of the GPUs per
     task, or an unencrypted run on a cluster that requires encryption. Also a ``RuntimeError``, which PySpark's
     TorchDistributor raises for these and code catches (to fall back to the CPU, say)."""
+
+
+class DiskFullError(OSError):
+    """A file spark_dist was writing (a checkpoint) found its filesystem full: the message says so in words,
+    names the directory and what was being written, and what is free there. Nothing half-written is left, and
+    the checkpoint before it is intact. An ``OSError`` with ``errno.ENOSPC``."""
+
+    def __init__(self, directory: str, what: str, free_bytes: Optional[int] = None):
+        free = "" if free_bytes is None else f" ({free_bytes / 2**20:.1f} MiB free there now)"
+        super().__init__(errno.ENOSPC, f"disk full: no space left on the device of {directory} while writing "
+                         f"{what}{free}; the checkpoint before it is intact. Free space there, or give "
+                         "spark.dist.checkpointDir (checkpoint_dir=) on a filesystem with room", directory)
+        self.directory, self.what, self.free_bytes = directory, what, free_bytes
+
+    def __reduce__(self):  # keep its fields when a rank's error travels to the driver
+        return type(self), (self.directory, self.what, self.free_bytes)
+
+    def __str__(self):
+        return self.strerror
 
 
 class BackendUnavailableError(ConfigError):

@@ -34,8 +34,8 @@ import tempfile
 from typing import IO, Iterator, Optional
 
 from ..config import CONF_CHECKPOINT_DIR
-from ..errors import ConfigError
-from ..host import ownership
+from ..errors import ConfigError, DiskFullError
+from ..host import disk_space, ownership
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
 
     Raises:
         CheckpointDirError: the directory (or the default's parent) is not this user's alone.
+        DiskFullError: its filesystem is full (the file before it stays as it was).
     """
     dir_fd = open_run_dir(checkpoint_dir, create=True)
     tmp = f"{name}.tmp-{os.getpid()}"
@@ -146,9 +147,13 @@ def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
             os.fsync(fd)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         os.fsync(dir_fd)  # the rename itself survives a crash of the host
-    except BaseException:
+    except BaseException as exc:
+        full = disk_space.ran_out_of_space(exc, dir_fd)  # asked before the partial file frees its space
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
+        if full:
+            raise DiskFullError(resolve(checkpoint_dir), f"checkpoint {name}", disk_space.free_bytes(dir_fd)) \
+                from exc
         raise
     finally:
         os.close(dir_fd)

@@ -21,16 +21,18 @@ one whole). Which are the best is :mod:`.retention`'s ranking, the one the drive
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import stat
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from ..config import CONF_CHECKPOINT_DIR
-from ..errors import ConfigError
+from ..errors import ConfigError, DiskFullError
+from ..host import disk_space
 from . import checkpoint_dirs, checkpoint_state, retention
 from .sharded_files import MARKER, SHARDED_DIR, Committed, committed, load_full, opened, sharded_root
 
@@ -60,6 +62,8 @@ class ShardedCheckpoints:
 
         Raises:
             ValueError: rank 0 never reported ``metric``, or not as a number: raised on every rank alike.
+            DiskFullError: the checkpoint's filesystem is full (its partial directory removed; the checkpoint
+                before it intact). An ``async_save``'s is raised by the next save, load or wait.
         """
         import torch.distributed.checkpoint as dcp
 
@@ -72,7 +76,8 @@ class ShardedCheckpoints:
         marker = {"seq": seq, "world_size": self.world_size, "metric": metric, "score": score}
         self._retain = (keep, mode)
         if not async_save:
-            dcp.save(saved, checkpoint_id=path, process_group=group, no_dist=no_dist)
+            with self._disk_full_said(path):
+                dcp.save(saved, checkpoint_id=path, process_group=group, no_dist=no_dist)
             self._commit(seq, path, marker)
             self._after_commit()
             return
@@ -90,9 +95,25 @@ class ShardedCheckpoints:
             return
         future, seq, path, marker = self._pending
         self._pending = None
-        future.result()
+        with self._disk_full_said(path):
+            future.result()
         self._commit(seq, path, marker)
         self._after_commit()
+
+    @contextlib.contextmanager
+    def _disk_full_said(self, path: str) -> Iterator[None]:
+        """A write of checkpoint ``path`` that fills its filesystem ends in a :class:`DiskFullError` saying so in
+        words (torch says "file write failed" or wraps each rank's error); rank 0 removes the partial directory,
+        which no marker will ever commit."""
+        try:
+            yield
+        except BaseException as exc:
+            if not disk_space.ran_out_of_space(exc, os.path.dirname(path)):
+                raise
+            if self.rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            raise DiskFullError(os.path.dirname(path), f"sharded checkpoint {os.path.basename(path)}",
+                                disk_space.free_bytes(os.path.dirname(path))) from exc
 
     def _commit(self, seq: int, path: str, marker: Dict[str, Any]) -> None:
         if self.rank != 0:
