@@ -82,8 +82,8 @@ def read_pyarrow(handle, views: bool = False) -> int:
     import pyarrow.parquet as pq
     import torch
 
-    from spark_dist.data.handle import local_path
-    from spark_dist.data.arrays import list_values as _list_values, to_numpy as _to_numpy
+    from spark_dist.data.urls import local_path
+    from spark_dist.data.read.arrays import list_values as _list_values, to_numpy as _to_numpy
 
     lengths = {c.name: c.length for c in handle.columns}
     rows = 0

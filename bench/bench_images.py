@@ -399,7 +399,7 @@ def measure_size(spark, n: int, args, rounds: int, tmp: str) -> dict:
     from petastorm.spark import SparkDatasetConverter, make_spark_converter
 
     from spark_dist.data import clear_cache, prepare_datasets
-    from spark_dist.data.handle import local_path
+    from spark_dist.data.urls import local_path
 
     k, bs, epochs = args.workers, args.batch_size, args.epochs
     jpegs = make_jpegs(n, args.size)

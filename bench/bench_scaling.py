@@ -148,7 +148,7 @@ def _best(old, new):
 
 def measure_size(spark, rows: int, repeat: int, scratch: str) -> dict:
     from spark_dist.data import clear_cache, prepare_datasets
-    from spark_dist.data.handle import local_path
+    from spark_dist.data.urls import local_path
 
     df = build_dataset(spark, rows, wide=False).cache()
     try:

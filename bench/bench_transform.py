@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
 
-    from spark_dist.data.transform_workers import TransformWorkers
+    from spark_dist.data.read.transform_workers import TransformWorkers
 
     batches = make_batches(args.images, args.size, args.batch_size)
     jpeg_bytes = sum(len(j) for b in batches for j in b["image"])

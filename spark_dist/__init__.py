@@ -1,5 +1,5 @@
 """spark_dist: distributed PyTorch training on Apache Spark (DDP, Horovod or DeepSpeed) with Petastorm loaders."""
-from .data import petastorm_compat
+from .data.prepare import petastorm_compat
 
 petastorm_compat.install()  # before anything imports Petastorm: it needs names new pyarrow and numpy removed
 

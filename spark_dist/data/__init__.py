@@ -1,13 +1,17 @@
-"""Datasets for training: DataFrame -> Petastorm cache on the driver; equal shards as torch batches on ranks.
+"""Datasets for training: two rooms and the contract between them.
 
-Driver: :func:`prepare_datasets` (and :func:`clear_cache`), in :mod:`.cache`; they need Spark and are
-imported on first use, so a rank process (no Spark there) imports only the loader's modules (:mod:`.factory`,
-:mod:`.loader`, :mod:`.handle`).
-Rank: :func:`make_loader`.
+- The driver's room, :mod:`.prepare`: a run's ``datasets=`` values (DataFrames, Petastorm converters and dataset
+  URLs, handles) -> each DataFrame written once to a checked Parquet cache -> a :class:`DatasetHandle` each
+  (:func:`prepare_datasets`, :func:`clear_cache`). It needs Spark, so its names here are imported on first use.
+- The rank's room, :mod:`.read`: a handle -> this rank's equal share as torch batches (:func:`make_loader`,
+  :class:`ShardLoader`). No Spark there.
+- The contract, these top-level modules, what travels between them and imports neither room: the handle
+  (:mod:`.handle`: :class:`DatasetHandle`, :class:`ColumnInfo`, :class:`ColumnStats`), the column kinds
+  (:mod:`.schema`), the URLs the ranks open (:mod:`.urls`), the Petastorm codecs a handle names (:mod:`.codecs`),
+  and :class:`DatasetError`.
 """
-from .factory import make_loader
 from .handle import ColumnInfo, ColumnStats, DatasetError, DatasetHandle
-from .loader import ShardLoader
+from .read import ShardLoader, make_loader
 
 __all__ = ["ColumnInfo", "ColumnStats", "DatasetError", "DatasetHandle", "ShardLoader", "make_loader",
            "prepare_datasets", "clear_cache", "CACHE_DIR_CONF"]
@@ -15,9 +19,9 @@ __all__ = ["ColumnInfo", "ColumnStats", "DatasetError", "DatasetHandle", "ShardL
 _DRIVER_NAMES = {"prepare_datasets", "clear_cache", "CACHE_DIR_CONF"}
 
 
-def __getattr__(name):  # PEP 562: the driver-side names, importing pyspark only when asked for
+def __getattr__(name):  # PEP 562: the driver's names, its room imported only when asked for
     if name in _DRIVER_NAMES:
-        from . import cache
+        from . import prepare
 
-        return getattr(cache, name)
+        return getattr(prepare, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

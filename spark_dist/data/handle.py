@@ -1,14 +1,19 @@
-"""What travels from the driver to each rank: a picklable description of one cached dataset.
+"""The contract: what travels from the driver to each rank, a picklable description of one dataset.
 
-No Spark here: ranks import this module inside their task processes, where only files are at hand.
+A :class:`DatasetHandle` names the dataset's Parquet files, their row groups and its columns
+(:class:`ColumnInfo`, with what the driver measured, :class:`ColumnStats`; a Petastorm codec column as a
+:class:`CodecColumn`). The driver's room makes it (:func:`describe_files`, from the files' footers), the rank's
+room reads with it; neither room is imported here. No Spark here: ranks import this module inside their task
+processes, where only files are at hand.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
-from urllib.parse import unquote, urlparse
 
 from ..errors import DatasetError
+from .codecs import NDARRAY, fixed_shape
 from .schema import (ARRAY, BINARY, NESTED, NUMBER_KINDS, SCALAR, SEQUENCE, STRING,  # noqa: F401 -- a ColumnInfo's
                      VECTOR)  # kinds, importable from here as before
+from .urls import open_parquet
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,27 @@ class ColumnInfo:
 
 
 @dataclass(frozen=True)
+class CodecColumn(ColumnInfo):
+    """A ``binary`` column of a Petastorm dataset that a Unischema codec wrote, decoded per batch by the ranks
+    (:func:`spark_dist.data.read.petastorm_codecs.decoded_batch`).
+
+    ``codec``: :data:`.codecs.IMAGE`, :data:`.codecs.NDARRAY` or :data:`.codecs.COMPRESSED_NDARRAY`;
+    ``value_dtype`` and ``value_shape``: the Unischema field's numpy dtype and shape (``None`` for a dimension of
+    any size); ``codec_name``: the codec as Petastorm writes it (``CompressedImageCodec('png', 80)``), for messages.
+    """
+
+    codec: str = NDARRAY
+    value_dtype: str = "float64"
+    value_shape: Optional[Tuple[Optional[int], ...]] = None
+    codec_name: str = ""
+
+    @property
+    def shape(self) -> Optional[Tuple[int, ...]]:
+        """Each row's shape where the Unischema gives one (no ``None`` in it), else ``None``."""
+        return fixed_shape(self.value_shape)
+
+
+@dataclass(frozen=True)
 class DatasetHandle:
     """A dataset materialised once by :func:`prepare_datasets`, as each rank needs it.
 
@@ -99,78 +125,16 @@ class DatasetHandle:
                            f"its columns are: {', '.join(self.column_names)}")
 
 
-def local_path(url: str) -> Optional[str]:
-    """The local path of a ``file:`` URL (or of a plain path); ``None`` for other filesystems."""
-    parsed = urlparse(url)
-    if parsed.scheme in ("", "file"):
-        return unquote(parsed.path) if parsed.scheme else url
-    return None
-
-
-# Spark's (Hadoop's) names for filesystems pyarrow reads under another name.
-_PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
-PYARROW_READS = ("file", "hdfs", "viewfs", "s3", "gs", "abfs", "abfss", "dbfs")
-
-
-def readable_url(url: str) -> str:
-    """``url`` as the ranks open it with pyarrow: ``dbfs:/x`` is the ``/dbfs/x`` mount (Databricks),
-    ``s3a://`` and ``s3n://`` are pyarrow's ``s3://``, ``gcs://`` its ``gs://``.
-
-    Raises:
-        DatasetError: a scheme pyarrow cannot read (the write would succeed and every rank then fail).
-    """
-    parsed = urlparse(url)
-    scheme = parsed.scheme.lower()
-    if scheme in ("", "file"):
-        return url
-    if scheme == "dbfs":
-        return "file:///dbfs/" + (parsed.netloc + parsed.path).lstrip("/")
-    if scheme not in PYARROW_READS and scheme not in _PYARROW_SCHEMES:
-        raise DatasetError(f"the dataset cache URL {url} has the scheme {scheme}:, which the ranks' reader "
-                           f"(pyarrow) cannot open; set petastorm.spark.converter.parentCacheDirUrl to one of "
-                           f"{', '.join(s + ':' for s in PYARROW_READS + tuple(_PYARROW_SCHEMES))} or a mounted path")
-    return parsed._replace(scheme=_PYARROW_SCHEMES.get(scheme, scheme)).geturl()
-
-
-def open_parquet(url: str):
-    """A ``pyarrow.parquet.ParquetFile`` for ``url``: memory-mapped when local, through pyarrow.fs otherwise."""
-    import pyarrow.parquet as pq
-
-    url = readable_url(url)
-    path = local_path(url)
-    if path is not None:
-        # Memory mapping skips a copy of every page into Python-owned buffers; the cache files are immutable.
-        return pq.ParquetFile(path, memory_map=True)
-    from pyarrow import fs as pafs
-
-    filesystem, fs_path = pafs.FileSystem.from_uri(url)
-    return pq.ParquetFile(filesystem.open_input_file(fs_path))
-
-
-def delete_dir(url: str, ignore_errors: bool = False) -> None:
-    """Delete the directory ``url`` (a cache) and what it holds: with ``shutil`` where it is local (a mounted
-    ``dbfs:/`` too), else through ``pyarrow.fs``; ``ignore_errors`` as ``shutil.rmtree`` takes it, for a local
-    directory only (``pyarrow.fs`` raises its errors either way, as both callers' paths did before)."""
-    import shutil
-
-    readable = readable_url(url)
-    path = local_path(readable)
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=ignore_errors)
-        return
-    from pyarrow import fs as pafs
-
-    filesystem, fs_path = pafs.FileSystem.from_uri(readable)
-    filesystem.delete_dir(fs_path)
-
-
-def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
-                   kinds: Dict[str, str], stats: Dict[str, ColumnStats]) -> DatasetHandle:
+def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str], kinds: Dict[str, str],
+                   stats: Dict[str, ColumnStats], codecs: Optional[Dict[str, dict]] = None) -> DatasetHandle:
     """Build the handle of Parquet files from their footers (row groups, value types).
 
     ``kinds`` and ``stats`` come from the driver's schema check and measures; the value dtypes are read
     from the files themselves, because the Petastorm converter may have narrowed them (double -> float), and
     so are the bytes of the variable kinds' rows (their column chunks' sizes: the cache is uncompressed).
+    ``codecs`` (a Petastorm dataset's: column -> the fields of its :class:`CodecColumn`) makes each of those
+    columns a :class:`CodecColumn`, decoded by the ranks; a shuffle window counts such a column's rows at their
+    decoded size where the Unischema gives their shape.
     """
     import numpy as np
     import pyarrow as pa
@@ -195,5 +159,18 @@ def describe_files(name: str, cache_dir_url: str, file_urls: Sequence[str],
                                                          for g in range(md.num_row_groups))
     columns = tuple(ColumnInfo(c, kinds[c], dtypes[c], stats.get(c, ColumnStats()),
                                chunk_bytes[c] / max(total, 1) if c in chunk_bytes else None) for c in kinds)
+    columns = tuple(_codec_column(c, (codecs or {})[c.name]) if c.name in (codecs or {}) else c for c in columns)
     return DatasetHandle(name=name, cache_dir_url=cache_dir_url, file_urls=urls,
                          row_group_rows=tuple(row_groups), num_rows=total, columns=columns)
+
+
+def _codec_column(column: ColumnInfo, spec: dict) -> CodecColumn:
+    """``column`` as the :class:`CodecColumn` ``spec`` describes; its rows counted at least at their decoded size."""
+    import numpy as np
+
+    shape, decoded = fixed_shape(spec["value_shape"]), 0
+    if shape is not None:
+        itemsize = np.dtype(spec["value_dtype"]).itemsize if spec["value_dtype"] != "object" else 0
+        decoded = int(np.prod(shape, dtype=np.int64)) * itemsize
+    return CodecColumn(column.name, column.kind, column.dtype, column.stats,
+                       max(column.row_bytes or 0, decoded) or None, **spec)

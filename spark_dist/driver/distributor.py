@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any, Dict, List, Optional
 
-from ..data import cache
+from ..data import prepare
 from ..task import checkpoint_dirs, output
 from ..spark import session
 from . import elastic, slots, tracking
@@ -131,10 +131,10 @@ class Distributor:
             self._wait_for_slots(config, spark)
         handles = {}
         if datasets:
-            handles = cache.handles_for_run(spark, datasets, config.num_processes)
+            handles = prepare.prepare_datasets(spark, datasets, config.num_processes)
         checkpoint_dir = checkpoint_dirs.run_dir(config)
         if not config.local_mode and config.checkpoint_dir is None and (config.max_retries or config.resume):
-            from ..data.cache import remote_hosts
+            from ..data.prepare import remote_hosts
 
             hosts = session.executor_hosts(spark)
             if hosts is None:  # Spark Connect: the executors' hosts are unknown, so they may be elsewhere
@@ -181,7 +181,7 @@ class Distributor:
             sized = config if size == config.num_processes else dataclasses.replace(
                 config, num_processes=size, grow_wait=short_grows.wait_for(ended, size))
             # no eviction of these caches while the ranks read them; the job only once its slots are free
-            with cache.not_evicted(handles), self._slots(spark, sized, attempt) as queued:
+            with prepare.not_evicted(handles), self._slots(spark, sized, attempt) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time
                 remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).

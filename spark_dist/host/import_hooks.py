@@ -2,7 +2,7 @@
 
 A meta path finder that asks the other finders for the module's own spec and hands it back with a loader that
 calls the function once the module has run. Used where spark_dist must adjust a third-party module in place:
-Petastorm on new pyarrow and numpy (:mod:`spark_dist.data.petastorm_compat`), torch's process group teardown
+Petastorm on new pyarrow and numpy (:mod:`spark_dist.data.prepare.petastorm_compat`), torch's process group teardown
 in ranks (:mod:`spark_dist.task.teardown`).
 """
 import importlib.abc

@@ -22,7 +22,7 @@ import os
 import pickle
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ..data.handle import local_path
+from ..data.urls import local_path
 from ..task import checkpoint_dirs, sharded_checkpoints
 from ..task.checkpoints import CHECKPOINT_FILE
 

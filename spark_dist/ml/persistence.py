@@ -26,7 +26,7 @@ from typing import Any, Dict, Tuple
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from ..data import files
+from ..data.prepare import files
 from ..spark import session
 from ..wire.pickling import by_value
 from .params import OBJECT_PARAMS

@@ -83,7 +83,7 @@ class FitTransform:
 def _torch_dtype(values: np.ndarray):
     import torch
 
-    # What the loader gives (spark_dist.data.arrays.default_dtype): float32 features, int64 integers.
+    # What the loader gives (spark_dist.data.read.arrays.default_dtype): float32 features, int64 integers.
     return {"f": torch.float32, "i": torch.int64, "u": torch.int64, "b": torch.bool}[values.dtype.kind]
 
 

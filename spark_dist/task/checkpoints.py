@@ -88,7 +88,7 @@ class RankCheckpoints:
             return
         reason = self._resize_reason()  # one store lookup
         if reason is not None and not reason.startswith(PREEMPTED):
-            from ..data.dealt_epoch import deals_evenly, loader_states
+            from ..data.read.dealt_epoch import deals_evenly, loader_states
 
             if not all(deals_evenly(state, self._initial_world_size) for state in loader_states(obj)):
                 return

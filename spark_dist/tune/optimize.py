@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 from ..config import RunConfig
-from ..data import cache
+from ..data import prepare
 from ..driver import distributor as driver
 from ..driver.lanes import LanePool
 from ..spark import session
@@ -96,7 +96,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
     # One trial's settings with the session's conf (local mode: no session to read).
     config = None if local_mode else RunConfig.build(spark_conf=driver._spark_conf(spark), **run_args)
     n_jobs = _concurrency(spark, config, max_concurrent, n_trials)
-    handles = cache.handles_for_run(spark, datasets, num_processes) if datasets else {}
+    handles = prepare.prepare_datasets(spark, datasets, num_processes) if datasets else {}
     pool = _lane_pool(spark, config, n_jobs)
     runs = StudyRuns(study, {"n_trials": n_trials, "num_processes": num_processes, "metric": metric,
                              "max_concurrent": n_jobs, "direction": ",".join(d.name for d in study.directions)})
@@ -142,7 +142,7 @@ def optimize(study, objective: Callable, n_trials: Optional[int] = None, *, num_
 
     catch = tuple(catch) + (TrainingFailedError, RunTimeoutError, TrialValueError)
     failed = True
-    with cache.not_evicted(handles):  # no eviction of the datasets' caches during the study
+    with prepare.not_evicted(handles):  # no eviction of the datasets' caches during the study
         try:
             _run_interruptibly(
                 lambda: study.optimize(run_trial, n_trials=n_trials, timeout=timeout, n_jobs=n_jobs, catch=catch,

@@ -14,8 +14,9 @@ import torch
 
 from spark_dist.data import (CACHE_DIR_CONF, DatasetError, DatasetHandle, clear_cache, make_loader,
                              prepare_datasets)
-from spark_dist.data.handle import ColumnStats, describe_files, local_path
-from spark_dist.data.loader import shard_pieces
+from spark_dist.data.handle import ColumnStats, describe_files
+from spark_dist.data.read.loader import shard_pieces
+from spark_dist.data.urls import local_path
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark.ml.linalg import Vectors  # noqa: E402
@@ -226,7 +227,7 @@ def test_bad_values_are_named_and_leave_no_cache(spark_local, make, message):
     with pytest.raises(DatasetError) as err:
         prepare_datasets(spark_local, {"bad": make(spark_local)}, num_ranks=3)
     assert message in str(err.value)
-    from spark_dist.data import registry
+    from spark_dist.data.prepare import registry
 
     assert all(e.handle.name != "bad" for e in registry._entries)
 
@@ -343,7 +344,7 @@ def test_every_column_kind_reaches_a_run(spark_local):
 
 def test_rows_of_large_values_keep_row_groups_small(spark_local):
     # 300 KB a row: Parquet's writer would first look at a row group's size after 100 rows (30 MB).
-    from spark_dist.data.write import ROW_GROUP_BYTES
+    from spark_dist.data.prepare.write import ROW_GROUP_BYTES
 
     df = spark_local.range(0, 80, numPartitions=1).select("id", F.expr("encode(repeat('a', 300000), 'utf-8')")
                                                           .alias("blob"))
@@ -361,8 +362,8 @@ def test_rows_of_large_values_keep_row_groups_small(spark_local):
 # -- the cache: one materialisation per DataFrame, and it goes away --------------------------------------------
 def cache_dirs(spark):
     """The cache directories written so far under this session's cache parent directory."""
-    from spark_dist.data.handle import local_path
-    from spark_dist.data.location import _parent_url
+    from spark_dist.data.urls import local_path
+    from spark_dist.data.prepare.location import _parent_url
 
     parent = local_path(_parent_url(spark))
     return {d for d in os.listdir(parent) if "-appid-" in d}
@@ -411,7 +412,7 @@ def test_clear_cache_deletes_what_it_made_and_only_that(spark_local, tmp_path):
 
 
 def test_least_recently_used_caches_are_evicted_beyond_the_bound(spark_local, monkeypatch):
-    from spark_dist.data import registry
+    from spark_dist.data.prepare import registry
 
     monkeypatch.setattr(registry, "MAX_CACHED_DATASETS", 2)
     a, b, c = (spark_local.range(n) for n in (70, 80, 90))  # e.g. what three Pipeline fits would pass
@@ -527,7 +528,7 @@ def test_doubles_with_dots_in_their_names_are_stored_as_float32(spark_local):
 
 def test_the_cache_is_plain_values_in_row_groups_of_about_8_mib(spark_local):
     # Small row groups bound what a rank decodes at a time; no dictionaries keeps the write as cheap as a plain one.
-    from spark_dist.data.write import ROW_GROUP_BYTES
+    from spark_dist.data.prepare.write import ROW_GROUP_BYTES
 
     df = spark_local.range(0, 120_000, numPartitions=1).select(
         F.array(*[(F.col("id") + i).cast("float") for i in range(32)]).alias("features"), (F.col("id") % 10).alias("label"))

@@ -3,8 +3,9 @@ import logging
 import os
 import threading
 
-from spark_dist.data import cache, clear_cache, make_loader, prepare_datasets
-from spark_dist.data.handle import local_path
+from spark_dist.data import clear_cache, make_loader, prepare_datasets
+from spark_dist.data.prepare import pipeline as cache
+from spark_dist.data.urls import local_path
 
 
 def _pausing_after_write(monkeypatch, pause_on: int):
@@ -44,7 +45,7 @@ def test_clear_cache_leaves_what_a_prepare_under_way_writes_and_hands_out(spark_
     worker.start()
     try:
         assert written.wait(120), failed  # "first" is handed out, "second" is on disk, not yet returned
-        with caplog.at_level(logging.WARNING, logger="spark_dist.data.registry"):
+        with caplog.at_level(logging.WARNING, logger="spark_dist.data.prepare.registry"):
             assert clear_cache() == 0
     finally:
         go.set()

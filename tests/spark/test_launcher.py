@@ -201,7 +201,7 @@ def test_a_killed_rank_on_the_standalone_cluster_names_the_rank(spark_standalone
 
 def test_the_default_checkpoint_dir_is_flagged_when_executors_are_on_other_hosts():
     # The rule run() applies before warning about the default checkpoint dir (the dataset cache's rule too).
-    from spark_dist.data.cache import remote_hosts
+    from spark_dist.data.prepare import remote_hosts
 
     assert remote_hosts("127.0.0.1", ["127.0.0.1", "localhost"]) == []
     assert remote_hosts("10.0.0.1", ["10.0.0.1", "10.0.0.2"]) == ["10.0.0.2"]

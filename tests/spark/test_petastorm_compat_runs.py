@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import spark_dist  # noqa: F401 -- what the user imports first
-from spark_dist.data import petastorm_compat
+from spark_dist.data.prepare import petastorm_compat
 
 
 def _frame(spark, rows=1000):
@@ -65,7 +65,7 @@ def test_make_batch_reader_reads_a_plain_parquet_directory(spark_local, tmp_path
 
 
 def test_partitioned_datasets_are_refused_clearly(spark_local, tmp_path):
-    from spark_dist.data.petastorm_legacy_dataset import ParquetDataset
+    from spark_dist.data.prepare.petastorm_legacy_dataset import ParquetDataset
 
     path = str(tmp_path / "parted")
     _frame(spark_local, 10).withColumn("part", F.col("label") % 2).write.partitionBy("part").parquet(path)
@@ -74,7 +74,7 @@ def test_partitioned_datasets_are_refused_clearly(spark_local, tmp_path):
 
 
 def test_legacy_dataset_lists_pieces_and_reads_row_groups(spark_local, tmp_path):
-    from spark_dist.data.petastorm_legacy_dataset import ParquetDataset
+    from spark_dist.data.prepare.petastorm_legacy_dataset import ParquetDataset
 
     path = str(tmp_path / "pieces")
     _frame(spark_local, 50).repartition(2).write.parquet(path)

@@ -16,7 +16,7 @@ import torch
 
 from spark_dist import Distributor  # first: Petastorm imports after spark_dist on either Spark line
 from spark_dist.data import DatasetError, clear_cache, prepare_datasets
-from spark_dist.data.handle import local_path
+from spark_dist.data.urls import local_path
 
 pyspark = pytest.importorskip("pyspark")
 from petastorm.codecs import NdarrayCodec  # noqa: E402

@@ -2,7 +2,7 @@
 error on a classic session and under Spark Connect (where a task on an executor writes it)."""
 import pytest
 
-from spark_dist.data import files
+from spark_dist.data.prepare import files
 
 
 def write_twice(spark, path):

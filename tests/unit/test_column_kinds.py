@@ -50,7 +50,7 @@ def handle(tmp_path_factory):
 @pytest.fixture
 def small_units(monkeypatch):
     """The loader's units shrunk so that 600 rows cross them all: blocks of 8 rows, decoded chunks of 24."""
-    from spark_dist.data import epoch_order, loader as loader_module
+    from spark_dist.data.read import epoch_order, loader as loader_module
 
     monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
     monkeypatch.setattr(loader_module, "_READ_CHUNK_ROWS", 24)
@@ -140,7 +140,7 @@ def test_a_batch_moves_to_a_device_with_its_lists(handle):
 
 
 def test_the_window_counts_the_bytes_of_variable_size_rows(handle, tmp_path):
-    from spark_dist.data import loader as loader_module
+    from spark_dist.data.read import loader as loader_module
 
     # The footers say how large a row is: about 2 * 3 bytes of image plus a length, in this dataset.
     assert 6 <= handle.column("img").row_bytes <= 6 + 8 and handle.column("id").row_bytes is None

@@ -9,7 +9,7 @@ from spark_dist.data import DatasetError
 
 
 def test_a_file_cache_is_refused_when_executors_are_on_other_hosts():
-    from spark_dist.data.cache import remote_hosts
+    from spark_dist.data.prepare import remote_hosts
 
     assert remote_hosts("127.0.0.1", ["127.0.0.1", "localhost", "127.0.0.2"]) == []
     assert remote_hosts("127.0.0.1", ["127.0.0.1", "10.1.2.3"]) == ["10.1.2.3"]
@@ -22,7 +22,7 @@ def test_petastorms_converter_module_is_imported_while_the_write_runs(tmp_path, 
     import sys
     import uuid
 
-    from spark_dist.data.write import _importing_meanwhile
+    from spark_dist.data.prepare.write import _importing_meanwhile
 
     slow, broken = (f"spark_dist_test_{kind}_{uuid.uuid4().hex}" for kind in ("slow", "broken"))
     (tmp_path / f"{slow}.py").write_text(
@@ -59,7 +59,7 @@ def test_a_users_thread_importing_petastorm_meanwhile_is_not_deadlocked(user_fir
     code = f"""if True:
         import threading, time
         import spark_dist
-        from spark_dist.data import write
+        from spark_dist.data.prepare import write
         errors = []
         def users_import():
             try:
@@ -94,6 +94,6 @@ def test_dataset_errors_keep_their_dataset_and_column_across_processes():
     ("file:///tmp/cache/part-0.parquet", "file:///tmp/cache/part-0.parquet"),
 ])
 def test_spark_schemes_map_to_what_the_ranks_reader_opens(url, opened):
-    from spark_dist.data.handle import readable_url
+    from spark_dist.data.urls import readable_url
 
     assert readable_url(url) == opened

@@ -1,10 +1,10 @@
-"""spark_dist.data.dealt_epoch: an elastic run that changes its number of ranks inside an epoch goes on with the
-rest of that epoch, dealt out to the new ranks, every row once. No JVM."""
+"""spark_dist.data.read.dealt_epoch: an elastic run that changes its number of ranks inside an epoch goes on with
+the rest of that epoch, dealt out to the new ranks, every row once. No JVM."""
 import pytest
 import torch
 
 from spark_dist.data import make_loader
-from spark_dist.data.dealt_epoch import my_units, steps
+from spark_dist.data.read.dealt_epoch import my_units, steps
 from test_loader import batches_equal, small_dataset  # noqa: F401 -- the fixture
 
 
@@ -120,7 +120,7 @@ def test_another_batch_size_inside_an_epoch_is_still_refused(small_dataset):
 
 
 def test_a_grow_waits_for_a_place_that_deals_out_evenly(small_dataset):
-    from spark_dist.data.dealt_epoch import deals_evenly, loader_states
+    from spark_dist.data.read.dealt_epoch import deals_evenly, loader_states
 
     one = make_loader(small_dataset, rank=0, world_size=1, batch_size=24, seed=5)  # 41 batches an epoch
     it = iter(one)
@@ -140,7 +140,7 @@ def thirty_two_ranks(tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from spark_dist.data import epoch_order, loader as loader_module
+    from spark_dist.data.read import epoch_order, loader as loader_module
     from spark_dist.data.handle import describe_files
 
     monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
@@ -153,7 +153,7 @@ def thirty_two_ranks(tmp_path, monkeypatch):
 def test_a_rank_after_losing_one_of_32_reads_what_it_yields_with_one_reader_at_a_time(thirty_two_ranks, monkeypatch):
     import threading
 
-    from spark_dist.data import loader as loader_module
+    from spark_dist.data.read import loader as loader_module
 
     def loader(rank, world_size):
         return make_loader(thirty_two_ranks, rank=rank, world_size=world_size, batch_size=4, seed=5, epoch=1)

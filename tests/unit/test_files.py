@@ -1,5 +1,5 @@
-"""spark_dist.data.files without Spark: a file system with no exclusive create is checked before the write."""
-from spark_dist.data import files
+"""spark_dist.data.prepare.files without Spark: a file system with no exclusive create is checked before the write."""
+from spark_dist.data.prepare import files
 
 
 def test_a_file_system_without_exclusive_create_is_checked_before_the_write(tmp_path):

@@ -127,3 +127,63 @@ def test_the_wire_imports_neither_spark_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# spark_dist.data: two rooms and the contract between them (docs/layout.md). A new module of the contract (directly
+# under spark_dist/data/) is named here: what travels between the rooms is a decision, not an accident.
+DATA_ROOMS = {"spark_dist.data.prepare": "the driver's room", "spark_dist.data.read": "the rank's room"}
+DATA_CONTRACT = {"spark_dist.data.handle", "spark_dist.data.schema", "spark_dist.data.urls", "spark_dist.data.codecs"}
+
+
+def data_room(module: str) -> str:
+    """Where ``module`` sits in spark_dist.data: one of :data:`DATA_ROOMS`, "the contract", "the package's face"
+    (``spark_dist.data`` itself) or "" (outside)."""
+    for root, room in DATA_ROOMS.items():
+        if module == root or module.startswith(root + "."):
+            return room
+    if module == "spark_dist.data":
+        return "the package's face"
+    return "the contract" if module.startswith("spark_dist.data.") else ""
+
+
+def outside_imports(path: str):
+    """The top-level names of the modules a file imports from outside the package (``pyspark``, ``torch``, ...), at
+    module level or inside a function."""
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.module.split(".")[0]
+
+
+def test_the_data_rooms_meet_only_in_their_contract():
+    """The rank's room never imports the driver's, nor PySpark or spark_dist.spark: a rank has no Spark. The driver's
+    room never imports the rank's: what both need is the contract, which imports neither room. None of them imports
+    the package's face (its driver names are the driver room's). Imports inside functions count."""
+    allowed = {"the driver's room": {"the driver's room", "the contract", ""},
+               "the rank's room": {"the rank's room", "the contract", ""},
+               "the contract": {"the contract", ""}}
+    crossings, data = [], {m: p for m, p in ALL.items() if data_room(m) in allowed}
+    for module, path in data.items():
+        room = data_room(module)
+        if room == "the contract" and module not in DATA_CONTRACT:
+            crossings.append(f"{module} is in neither room nor in DATA_CONTRACT: move it into a room, or name it there")
+        for imported, _ in imports(module, path):
+            if data_room(imported) not in allowed[room]:
+                crossings.append(f"{module} ({room}) imports {imported} ({data_room(imported)})")
+            elif room == "the rank's room" and (imported + ".").startswith("spark_dist.spark."):
+                crossings.append(f"{module} (the rank's room) imports {imported}: a rank has no Spark")
+        if room == "the rank's room" and "pyspark" in set(outside_imports(path)):
+            crossings.append(f"{module} (the rank's room) imports pyspark: a rank has no Spark")
+    assert not crossings, "\n".join(crossings)
+    assert {data_room(m) for m in data} == set(allowed)  # both rooms and the contract hold modules
+
+
+def test_the_data_rooms_test_sees_a_crossing_inside_a_function(tmp_path):
+    """The rule above catches a rank module's import of the driver's room inside a function (and a module-level one
+    of PySpark): it reads what :func:`imports` and :func:`outside_imports` find."""
+    code = tmp_path / "crossing.py"
+    code.write_text("import numpy\n\n\ndef later():\n    from ..prepare import registry\n    import pyspark.sql\n")
+    found = [name for name, top in imports("spark_dist.data.read.crossing", str(code))]
+    assert found == ["spark_dist.data.prepare.registry"] and data_room(found[0]) == "the driver's room"
+    assert set(outside_imports(str(code))) == {"numpy", "pyspark"}

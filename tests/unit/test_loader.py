@@ -1,5 +1,5 @@
-"""spark_dist.data.loader on Parquet files written with pyarrow: each rank's equal shard, the epoch order, and what a
-rank decodes and imports. No JVM."""
+"""spark_dist.data.read.loader on Parquet files written with pyarrow: each rank's equal shard, the epoch order, and
+what a rank decodes and imports. No JVM."""
 import time
 
 import numpy as np
@@ -10,7 +10,7 @@ import torch
 
 from spark_dist.data import make_loader
 from spark_dist.data.handle import ColumnStats, describe_files
-from spark_dist.data.loader import shard_pieces
+from spark_dist.data.read.loader import shard_pieces
 
 
 def rank_batches(handle, world_size, **kwargs):
@@ -45,7 +45,7 @@ def test_petastorm_uneven_row_groups_are_split_exactly(tmp_path):
 def test_windows_chunks_and_blocks_smaller_than_the_data(tmp_path, monkeypatch, shuffle, drop_last):
     # Real caches have row groups of ~8 MiB; shrink the loader's units so that 2,000 rows cross them all:
     # blocks of 8 rows, decoded chunks of 24, shuffle windows of ~100 rows, row groups of 70 / 130 rows.
-    from spark_dist.data import epoch_order, loader as loader_module
+    from spark_dist.data.read import epoch_order, loader as loader_module
 
     monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
     monkeypatch.setattr(loader_module, "_READ_CHUNK_ROWS", 24)
@@ -82,7 +82,7 @@ def test_a_rank_decodes_each_row_group_once_and_holds_few_at_a_time(tmp_path, mo
     # by the dataset: 40 row groups of 50 rows, windows of ~100 rows.
     import weakref
 
-    from spark_dist.data import epoch_order, loader as loader_module
+    from spark_dist.data.read import epoch_order, loader as loader_module
 
     monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
     monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 100 * 8)
@@ -127,7 +127,7 @@ def test_a_read_error_reaches_the_training_loop(tmp_path):
     pa.array([True, False, True] * 5).slice(1, 9),           # bits, not a values buffer
 ], ids=["int64 sliced", "float32 sliced", "with nulls", "bool"])
 def test_a_ranks_numpy_views_match_pyarrows_conversion(array):
-    from spark_dist.data.arrays import list_values as _list_values, to_numpy as _to_numpy
+    from spark_dist.data.read.arrays import list_values as _list_values, to_numpy as _to_numpy
 
     np.testing.assert_array_equal(_to_numpy(array), array.to_numpy(zero_copy_only=False))
     lists = pa.ListArray.from_arrays(pa.array(range(0, len(array) + 1, 1), pa.int32()), array).slice(2)
@@ -166,7 +166,7 @@ def test_a_ranks_first_epoch_imports_neither_pandas_nor_pyarrow_compute(tmp_path
 def small_dataset(tmp_path, monkeypatch):
     """1,000 rows in row groups of 90, blocks of 8 rows, shuffle windows of 40, 80 then ~160 rows (rows carried over
     from one window to the next at batch size 24)."""
-    from spark_dist.data import epoch_order, loader as loader_module
+    from spark_dist.data.read import epoch_order, loader as loader_module
 
     monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
     monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 160 * (8 + 8))
@@ -246,7 +246,7 @@ def batches_equal(got, expected):
 
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_a_state_taken_mid_epoch_resumes_at_the_exact_next_batch(small_dataset, monkeypatch, drop_last):
-    from spark_dist.data import loader as loader_module
+    from spark_dist.data.read import loader as loader_module
 
     def loader(**kwargs):
         return make_loader(small_dataset, rank=0, world_size=2, batch_size=24, seed=2, drop_last=drop_last, **kwargs)
@@ -329,7 +329,7 @@ def test_a_state_of_another_batch_size_resumes_at_an_epoch_boundary_only(small_d
 
 
 def test_windows_to_read_are_those_the_batches_from_the_resume_point_need():
-    from spark_dist.data.loader_state import windows_to_read
+    from spark_dist.data.read.loader_state import windows_to_read
 
     rng = np.random.default_rng(0)
     for _ in range(200):

@@ -1,4 +1,5 @@
-"""Petastorm on new pyarrow and numpy (spark_dist.data.petastorm_compat), without Spark: the patch reaches Petastorm only."""
+"""Petastorm on new pyarrow and numpy (spark_dist.data.prepare.petastorm_compat), without Spark: the patch reaches
+Petastorm only."""
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import spark_dist
-from spark_dist.data import petastorm_compat
+from spark_dist.data.prepare import petastorm_compat
 
 
 NEW_PYARROW = int(pyarrow.__version__.split(".")[0]) >= 16

@@ -17,9 +17,10 @@ import torch
 
 import spark_dist  # noqa: F401 -- before Petastorm, as a user's script
 from spark_dist.data import DatasetError, make_loader
-from spark_dist.data import petastorm_inputs as inputs
-from spark_dist.data.handle import BINARY, SCALAR, describe_files
-from spark_dist.data.petastorm_codecs import COMPRESSED_NDARRAY, IMAGE, NDARRAY, CodecColumn, decode, decode_image
+from spark_dist.data.codecs import COMPRESSED_NDARRAY, IMAGE, NDARRAY
+from spark_dist.data.handle import BINARY, SCALAR, CodecColumn, describe_files
+from spark_dist.data.prepare import petastorm_inputs as inputs
+from spark_dist.data.read.petastorm_codecs import decode, decode_image, decoded_batch
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -71,22 +72,22 @@ def test_a_batch_of_a_codec_column_is_one_tensor_where_the_unischema_gives_one_s
     image = CodecColumn("image", BINARY, "object", codec=IMAGE, value_dtype="uint8", value_shape=(8, 6, 3),
                         codec_name="CompressedImageCodec('png', 80)")
     assert image.shape == (8, 6, 3)
-    batch = image.decoded_batch(pa.array([png(rgb(i)) for i in range(4)], pa.binary()), pin=False)
+    batch = decoded_batch(image, pa.array([png(rgb(i)) for i in range(4)], pa.binary()), pin=False)
     assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (4, 8, 6, 3)
     assert all(np.array_equal(batch["image"][i].numpy(), rgb(i)) for i in range(4))
 
     v = CodecColumn("v", BINARY, "object", codec=COMPRESSED_NDARRAY, value_dtype="int16", value_shape=(None,))
     assert v.shape is None
     rows = [np.arange(n, dtype=np.int16) for n in (0, 3, 1)]
-    out = v.decoded_batch(pa.array([saved(r, True) for r in rows], pa.binary()), pin=False)["v"]
+    out = decoded_batch(v, pa.array([saved(r, True) for r in rows], pa.binary()), pin=False)["v"]
     assert isinstance(out, list) and [t.tolist() for t in out] == [r.tolist() for r in rows]
     assert all(t.dtype == torch.int16 for t in out)
 
     with pytest.raises(DatasetError, match=r"column 'image' \(CompressedImageCodec\('png', 80\)\): a row decodes to "
                                            r"shape \(4, 4, 3\), not the Unischema's \(8, 6, 3\)"):
-        image.decoded_batch(pa.array([png(np.zeros((4, 4, 3), np.uint8))]), pin=False)
+        decoded_batch(image, pa.array([png(np.zeros((4, 4, 3), np.uint8))]), pin=False)
     with pytest.raises(DatasetError, match="column 'image' .*: a row could not be decoded"):
-        image.decoded_batch(pa.array([b"not a png"]), pin=False)
+        decoded_batch(image, pa.array([b"not a png"]), pin=False)
     assert pickle.loads(pickle.dumps(image)) == image   # it travels to the ranks inside the handle
 
 
@@ -219,8 +220,7 @@ def test_a_loader_over_a_petastorm_dataset_decodes_its_codec_columns(tmp_path, o
     kinds = {"id": SCALAR, "image": BINARY, "m": BINARY, "v": BINARY, "plain": SCALAR}
     files = sorted(url + "/" + f for f in os.listdir(tmp_path / "ds") if not f.startswith("_"))
     described = describe_files("train", url, files, kinds, {})
-    handle = inputs.Source(url, tuple(files), None, kinds, "petastorm-dataset:" + url, codecs=codecs).decorated(
-        described)
+    handle = describe_files("train", url, files, kinds, {}, codecs=codecs)
     assert handle.column("image").row_bytes == max(described.column("image").row_bytes, 8 * 6 * 3)   # decoded size
     assert handle.row_group_rows == ((7, 7, 6), (7, 7, 6)) and handle.num_rows == 40
     seen = []

@@ -1,5 +1,5 @@
-"""spark_dist.data.transform_workers: a user transform over batches in worker processes. Order, the in-flight
-bound, errors, seeding (same tensors with 0 or 2 workers), picklability, process lifetime, and starting
+"""spark_dist.data.read.transform_workers: a user transform over batches in worker processes. Order, the
+in-flight bound, errors, seeding (same tensors with 0 or 2 workers), picklability, process lifetime, and starting
 workers in a rank that runs a gloo process group. No JVM.
 
 Transforms are defined inside the tests (as in a training function), so cloudpickle sends them by value.
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from spark_dist.data.handle import DatasetError
-from spark_dist.data.transform_workers import (TransformError, TransformPickleError, TransformWorkers, batch_seed,
-                                               transformed)
+from spark_dist.data.read.transform_workers import (TransformError, TransformPickleError, TransformWorkers,
+                                                    batch_seed, transformed)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -307,7 +307,7 @@ def test_worker_that_dies_is_a_transform_error(k):
 
 _ORPHAN_SCRIPT = """
 import threading, time
-from spark_dist.data.transform_workers import TransformWorkers
+from spark_dist.data.read.transform_workers import TransformWorkers
 pools = [TransformWorkers(lambda b: b, workers=1, dataset="main")]  # from the main thread
 t = threading.Thread(target=lambda: pools.append(TransformWorkers(lambda b: b, workers=1, dataset="thread")))
 t.start(); t.join()  # from a thread that has ended: the workers must outlive it
@@ -360,7 +360,7 @@ def test_a_later_batchs_error_waits_for_the_batches_before_it(pool):
 
 
 def test_an_answer_out_of_order_is_a_runtime_error_that_closes_the_pool(monkeypatch):
-    from spark_dist.data import transform_workers
+    from spark_dist.data.read import transform_workers
 
     real_recv = transform_workers.recv
 

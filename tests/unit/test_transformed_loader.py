@@ -8,7 +8,7 @@ import torch
 
 from spark_dist.data import make_loader
 from spark_dist.data.handle import describe_files
-from spark_dist.data.transform_workers import TransformError
+from spark_dist.data.read.transform_workers import TransformError
 
 
 @pytest.fixture

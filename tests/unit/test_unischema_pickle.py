@@ -1,5 +1,5 @@
-"""spark_dist.data.unischema_pickle: a Unischema pickled in any protocol, by any writer Petastorm still reads,
-loads; any name outside the allowlist is refused before it is imported or called. No JVM."""
+"""spark_dist.data.prepare.unischema_pickle: a Unischema pickled in any protocol, by any writer Petastorm still
+reads, loads; any name outside the allowlist is refused before it is imported or called. No JVM."""
 import pickle
 import sys
 from decimal import Decimal
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import spark_dist  # noqa: F401 -- before Petastorm, as a user's script
-from spark_dist.data import unischema_pickle
-from spark_dist.data.unischema_pickle import ForbiddenGlobal, Foreign, loads, loads_with_stand_ins
+from spark_dist.data.prepare import unischema_pickle
+from spark_dist.data.prepare.unischema_pickle import ForbiddenGlobal, Foreign, loads, loads_with_stand_ins
 
 
 @pytest.fixture

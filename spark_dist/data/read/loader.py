@@ -26,11 +26,12 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..handle import NESTED, NUMBER_KINDS, SCALAR, DatasetError, DatasetHandle
+from ..urls import open_parquet
 from . import dealt_epoch, variable_size
 from .arrays import list_values, nested_values, numpy_dtype, rows_view, to_numpy
 from .column_options import ColumnOptions
 from .epoch_order import batches_per_rank, block_runs, merged, rows_per_rank, shard_pieces
-from .handle import NESTED, NUMBER_KINDS, SCALAR, DatasetError, DatasetHandle, open_parquet
 from .loader_state import Resumable, counted, windows_to_read
 from .prefetch import prefetched
 

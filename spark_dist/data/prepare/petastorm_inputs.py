@@ -6,28 +6,29 @@ of a Petastorm dataset.
 - A Petastorm dataset written with a Unischema (``materialize_dataset`` and ``dict_to_spark_row``), passed as its
   URL, a ``str`` (a path without a scheme is a ``file://`` one): read as it is. The columns its codecs wrote
   (``CompressedImageCodec``, ``NdarrayCodec``, ``CompressedNdarrayCodec``) are decoded by the ranks
-  (:mod:`.petastorm_codecs`) in the dtype the codec stored, as Petastorm's reader decodes them; a ``ScalarCodec``
-  field (or one without a codec) is a plain Parquet column, read as any other: float32 / int64 / bool unless
-  ``dtypes=`` says otherwise, as a DataFrame's column (not the field's numpy dtype, which ``make_reader`` keeps), so
-  a model reads a Petastorm dataset and a DataFrame alike.
+  (:mod:`spark_dist.data.read.petastorm_codecs`) in the dtype the codec stored, as Petastorm's reader decodes
+  them; a ``ScalarCodec`` field (or one without a codec) is a plain Parquet column, read as any other: float32 /
+  int64 / bool unless ``dtypes=`` says otherwise, as a DataFrame's column (not the field's numpy dtype, which
+  ``make_reader`` keeps), so a model reads a Petastorm dataset and a DataFrame alike.
 
-Both are described like a cache spark_dist wrote (:mod:`.cache`): row groups and value types from the files'
+Both are described like a cache spark_dist wrote (:mod:`.pipeline`): row groups and value types from the files'
 footers, column kinds from the schema, the values measured by one aggregation job (nulls, array lengths). What
 :func:`source` checks needs no Spark job (the Unischema, its codecs, the files, their schema from one footer), so a
 dataset that cannot be read is refused before any job of the call, and so before any rank starts.
 """
 import os
 import sys
-from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
 from urllib.parse import urlparse
 
 import numpy as np
 
-from ..spark import session
-from .handle import BINARY, DatasetError, DatasetHandle, local_path, open_parquet, readable_url
-from .petastorm_codecs import COMPRESSED_NDARRAY, IMAGE, NDARRAY, CodecColumn, fixed_shape, image_decoder
-from .schema import by_position, column_kinds
+from ...spark import session
+from ..codecs import COMPRESSED_NDARRAY, IMAGE, NDARRAY, image_decoder
+from ..handle import BINARY, DatasetError
+from ..schema import column_kinds
+from ..urls import local_path, open_parquet, readable_url
 from . import unischema_pickle
 
 _CONVERTER_MODULE = "petastorm.spark.spark_dataset_converter"
@@ -42,7 +43,9 @@ class Source:
     """A dataset read as it is: ``url`` (the directory), ``file_urls`` (its Parquet files), ``df`` (a DataFrame
     reading them, for the checks' aggregation and the registry's key), ``kinds`` (column -> kind), ``key`` (the
     registry's slot for a cache's parent dir: never a real one, so a DataFrame's lookup never finds this entry),
-    ``converter`` (the user's, or ``None``), ``codecs`` (column -> :class:`.petastorm_codecs.CodecColumn` fields)."""
+    ``converter`` (the user's, or ``None``), ``codecs`` (column -> the fields of its
+    :class:`~spark_dist.data.handle.CodecColumn`, which :func:`~spark_dist.data.handle.describe_files` makes).
+    Plain data: the driver's path (:mod:`.pipeline`) reads it and never calls back here."""
 
     url: str
     file_urls: Tuple[str, ...]
@@ -51,28 +54,6 @@ class Source:
     key: str
     converter: Any = None
     codecs: Dict[str, dict] = field(default_factory=dict)
-
-    def measure(self, kinds: Dict[str, str], ranges: Iterable[str] = ()) -> Dict[str, Any]:
-        """The checks' measures (:func:`.checks._value_exprs`) over the files: one aggregation."""
-        from .checks import _value_exprs
-
-        return by_position(self.df).agg(*_value_exprs(self.df.schema, kinds, tuple(ranges))).first().asDict()
-
-    def decorated(self, handle: DatasetHandle) -> DatasetHandle:
-        """``handle`` with its codec columns as :class:`.petastorm_codecs.CodecColumn`: decoded by the ranks. A
-        shuffle window counts such a column's rows decoded where the Unischema gives their size."""
-        columns = []
-        for c in handle.columns:
-            spec = self.codecs.get(c.name)
-            if spec is None:
-                columns.append(c)
-                continue
-            shape, decoded = fixed_shape(spec["value_shape"]), 0
-            if shape is not None:
-                decoded = int(np.prod(shape, dtype=np.int64)) * _itemsize(spec["value_dtype"])
-            columns.append(CodecColumn(c.name, c.kind, c.dtype, c.stats, max(c.row_bytes or 0, decoded) or None,
-                                       **spec))
-        return replace(handle, columns=tuple(columns))
 
 
 def accepts(value) -> bool:
@@ -202,7 +183,7 @@ def _unknown_codec(name: str, field_name: str, qualified: str) -> DatasetError:
 
 
 def codec_columns(name: str, unischema) -> Dict[str, dict]:
-    """Column -> the fields of its :class:`.petastorm_codecs.CodecColumn`, for each Unischema field whose codec
+    """Column -> the fields of its :class:`~spark_dist.data.handle.CodecColumn`, for each Unischema field whose codec
     writes bytes (a ``ScalarCodec`` field, or one without a codec, is read as the plain column it is).
 
     Raises:
@@ -239,10 +220,6 @@ def _dtype_name(numpy_dtype) -> str:
         return np.dtype(numpy_dtype).name
     except TypeError:  # Decimal and other non-numpy types
         return "object"
-
-
-def _itemsize(dtype: str) -> int:
-    return np.dtype(dtype).itemsize if dtype != "object" else 0
 
 
 def _file_url(url: str) -> str:

@@ -1,4 +1,4 @@
-"""Where the dataset cache goes, and whether every executor can reach it.
+"""Where the dataset cache goes, whether every executor can reach it, and how a cache directory is deleted.
 
 Where the cache lives: ``petastorm.spark.converter.parentCacheDirUrl`` (the key Petastorm reads) when set,
 else a fresh directory under ``spark.local.dir`` or the system temp dir, as a ``file://`` URL.
@@ -19,9 +19,10 @@ import uuid
 from typing import Iterable, List, Optional
 from urllib.parse import urlparse
 
-from ..spark import session
-from ..host import tempdirs
-from .handle import DatasetError, local_path, readable_url
+from ...host import tempdirs
+from ...spark import session
+from ..handle import DatasetError
+from ..urls import local_path, readable_url
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,18 @@ CACHE_DIR_CONF = "petastorm.spark.converter.parentCacheDirUrl"
 _lock = threading.Lock()                # guards _default_parent: threads prepare datasets at once
 _default_parent: Optional[str] = None   # the directory this process created when the conf was not set
 _seen_by_executors: set = set()  # (application id, cache dir URL) that every executor host was seen to see
+
+
+def checked_parent(spark) -> str:
+    """The URL of the directory the caches go under (:func:`_parent_url`), once every executor is known to reach
+    it (:func:`_check_reachable`): where a ``prepare_datasets`` call's writes go.
+
+    Raises:
+        DatasetError: as :func:`_parent_url` and :func:`_check_reachable` say, naming the conf key.
+    """
+    url = _parent_url(spark)
+    _check_reachable(spark, url)
+    return url
 
 
 def _parent_url(spark) -> str:
@@ -68,6 +81,23 @@ def _remove_default_parent() -> None:
         if _default_parent is not None:
             shutil.rmtree(_default_parent, ignore_errors=True)  # made by mkdtemp in this process: ours
             _default_parent = None
+
+
+def delete_dir(url: str, ignore_errors: bool = False) -> None:
+    """Delete the directory ``url`` (a cache) and what it holds: with ``shutil`` where it is local (a mounted
+    ``dbfs:/`` too), else through ``pyarrow.fs``; ``ignore_errors`` as ``shutil.rmtree`` takes it, for a local
+    directory only (``pyarrow.fs`` raises its errors either way, as both callers' paths did before)."""
+    import shutil
+
+    readable = readable_url(url)
+    path = local_path(readable)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+        return
+    from pyarrow import fs as pafs
+
+    filesystem, fs_path = pafs.FileSystem.from_uri(readable)
+    filesystem.delete_dir(fs_path)
 
 
 def remote_hosts(driver_host: str, executor_hosts: Iterable[str]) -> List[str]:

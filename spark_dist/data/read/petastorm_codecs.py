@@ -1,9 +1,10 @@
 """The rank side of a Petastorm dataset's codecs: the binary columns a Unischema codec wrote, decoded per batch.
 
-No Spark and no Petastorm here: a rank unpickles the handle's :class:`CodecColumn` and decodes with numpy, and
-OpenCV or Pillow for images. The loader's variable-size path (:mod:`.variable_size`) gathers such a column's
-bytes like any binary column's, into the same rows and order as the batch's numbers, and hands each batch's
-bytes to :meth:`CodecColumn.decoded_batch`: decoding runs in the loader's background thread, a batch at a time.
+No Spark and no Petastorm here: a rank unpickles the handle's :class:`~spark_dist.data.handle.CodecColumn` (the
+contract) and decodes with numpy, and OpenCV or Pillow for images. The loader's variable-size path
+(:mod:`.variable_size`) gathers such a column's bytes like any binary column's, into the same rows and order as the
+batch's numbers, and hands each batch's bytes to :func:`decoded_batch`: decoding runs in the loader's background
+thread, a batch at a time.
 
 What a row decodes to is what Petastorm's own reader (``make_reader``) yields for it:
 
@@ -17,70 +18,40 @@ A batch holds one tensor ``[batch, *shape]`` where the Unischema gives the field
 else a list of tensors, one a row; a dtype torch lacks stays numpy.
 """
 import io
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
 import numpy as np
 
-from .handle import ColumnInfo, DatasetError
-
-IMAGE, NDARRAY, COMPRESSED_NDARRAY = "image", "ndarray", "compressed_ndarray"
-CODECS = (IMAGE, NDARRAY, COMPRESSED_NDARRAY)
-
-_cv2 = None  # OpenCV's module once looked for (False: not installed)
+from ..codecs import CODECS, COMPRESSED_NDARRAY, IMAGE, NDARRAY, opencv
+from ..handle import CodecColumn, DatasetError
 
 
-@dataclass(frozen=True)
-class CodecColumn(ColumnInfo):
-    """A ``binary`` column of a Petastorm dataset that a Unischema codec wrote, decoded per batch.
+def decoded_batch(column: CodecColumn, part, pin: bool) -> Dict:
+    """``{name: values}`` for a batch's rows of ``column`` (a pyarrow binary array): one tensor
+    ``[rows, *shape]`` where the field has one shape, else a list with one tensor a row.
 
-    ``codec``: :data:`IMAGE`, :data:`NDARRAY` or :data:`COMPRESSED_NDARRAY`; ``value_dtype`` and
-    ``value_shape``: the Unischema field's numpy dtype and shape (``None`` for a dimension of any size);
-    ``codec_name``: the codec as Petastorm writes it (``CompressedImageCodec('png', 80)``), for messages.
+    Raises:
+        DatasetError: a row that does not decode (the message names the column and codec), or one of
+            another shape than the Unischema's.
     """
-
-    codec: str = NDARRAY
-    value_dtype: str = "float64"
-    value_shape: Optional[Tuple[Optional[int], ...]] = None
-    codec_name: str = ""
-
-    @property
-    def shape(self) -> Optional[Tuple[int, ...]]:
-        """Each row's shape where the Unischema gives one (no ``None`` in it), else ``None``."""
-        return fixed_shape(self.value_shape)
-
-    def decoded_batch(self, part, pin: bool) -> Dict:
-        """``{name: values}`` for a batch's rows of this column (a pyarrow binary array): one tensor
-        ``[rows, *shape]`` where the field has one shape, else a list with one tensor a row.
-
-        Raises:
-            DatasetError: a row that does not decode (the message names the column and codec), or one of
-                another shape than the Unischema's.
-        """
-        arrays = [self._decoded(value) for value in part.to_pylist()]
-        shape = self.shape
-        if shape is not None:
-            for a in arrays:
-                if a.shape != shape:
-                    raise DatasetError(f"column {self.name!r} ({self.codec_name}): a row decodes to shape {a.shape}, "
-                                       f"not the Unischema's {shape}", None, self.name)
-            stacked = np.stack(arrays) if arrays else np.empty((0,) + shape, dtype=self.value_dtype)
-            return {self.name: _tensor(stacked, pin)}
-        return {self.name: [_tensor(a, pin) for a in arrays]}
-
-    def _decoded(self, value: bytes) -> np.ndarray:
-        try:
-            return decode(self.codec, value)
-        except Exception as exc:  # noqa: BLE001 -- any decoder's error, named with the column and codec
-            raise DatasetError(f"column {self.name!r} ({self.codec_name}): a row could not be decoded: "
-                               f"{type(exc).__name__}: {exc}", None, self.name) from exc
+    arrays = [_decoded(column, value) for value in part.to_pylist()]
+    shape = column.shape
+    if shape is not None:
+        for a in arrays:
+            if a.shape != shape:
+                raise DatasetError(f"column {column.name!r} ({column.codec_name}): a row decodes to shape {a.shape}, "
+                                   f"not the Unischema's {shape}", None, column.name)
+        stacked = np.stack(arrays) if arrays else np.empty((0,) + shape, dtype=column.value_dtype)
+        return {column.name: _tensor(stacked, pin)}
+    return {column.name: [_tensor(a, pin) for a in arrays]}
 
 
-def fixed_shape(shape) -> Optional[Tuple[int, ...]]:
-    """``shape`` as a tuple of ints where every dimension is known, else ``None``."""
-    if shape is None or any(not isinstance(n, (int, np.integer)) for n in shape):
-        return None
-    return tuple(int(n) for n in shape)
+def _decoded(column: CodecColumn, value: bytes) -> np.ndarray:
+    try:
+        return decode(column.codec, value)
+    except Exception as exc:  # noqa: BLE001 -- any decoder's error, named with the column and codec
+        raise DatasetError(f"column {column.name!r} ({column.codec_name}): a row could not be decoded: "
+                           f"{type(exc).__name__}: {exc}", None, column.name) from exc
 
 
 def decode(codec: str, value: bytes) -> np.ndarray:
@@ -123,29 +94,6 @@ def decode_image(value: bytes) -> np.ndarray:
                      "CompressedImageCodec")
 
 
-def opencv():
-    """OpenCV's ``cv2`` module where it is installed, else ``None`` (looked for once)."""
-    global _cv2
-    if _cv2 is None:
-        try:
-            import cv2
-            _cv2 = cv2
-        except ImportError:
-            _cv2 = False
-    return _cv2 or None
-
-
-def image_decoder() -> Optional[str]:
-    """``"opencv"`` or ``"pillow"``: what decodes images in this process; ``None`` where neither is installed."""
-    if opencv() is not None:
-        return "opencv"
-    try:
-        import PIL.Image  # noqa: F401
-    except ImportError:
-        return None
-    return "pillow"
-
-
 def _pillow_image(value: bytes) -> np.ndarray:
     """The image as OpenCV's ``IMREAD_UNCHANGED`` gives it, in RGB order: palette images as RGB(A), 1-bit ones
     as 0/255 bytes, 16-bit ones as uint16."""
@@ -179,5 +127,4 @@ def _tensor(array: np.ndarray, pin: bool):
     return tensor.pin_memory() if pin else tensor
 
 
-__all__: List[str] = ["CodecColumn", "IMAGE", "NDARRAY", "COMPRESSED_NDARRAY", "decode", "decode_image",
-                      "image_decoder"]
+__all__: List[str] = ["decoded_batch", "decode", "decode_image"]

@@ -3,8 +3,8 @@
 on each batch."""
 from typing import Dict, Optional, Sequence
 
+from ..handle import DatasetError, DatasetHandle
 from .column_options import check_sizes, resolve
-from .handle import DatasetError, DatasetHandle
 from .loader import ShardLoader
 from .transform_errors import check_timeout
 from .transform_workers import DEFAULT_TIMEOUT_S

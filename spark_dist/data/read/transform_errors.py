@@ -2,7 +2,7 @@
 its ``timeout`` argument."""
 from typing import Optional
 
-from ..errors import DatasetError
+from ...errors import DatasetError
 
 
 class TransformError(DatasetError):

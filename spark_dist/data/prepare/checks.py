@@ -1,15 +1,16 @@
 """The value checks of a dataset: what to measure, and the errors (or column stats) the measures make.
 
 The measures are aggregations: the cache write computes them as it goes (``DataFrame.observe``, no job of
-its own), or one aggregation job computes them over a cache made before. :func:`_kinds_and_stats` turns them into a
-:class:`DatasetError` naming the dataset and column, or into each column's :class:`ColumnStats`.
+its own), or one aggregation job computes them over a cache made before or a Petastorm input's files
+(:func:`_aggregate`). :func:`_kinds_and_stats` turns them into a :class:`DatasetError` naming the dataset and
+column, or into each column's :class:`ColumnStats`.
 """
 import logging
 import threading
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from .handle import ColumnStats, DatasetError
-from .schema import ARRAY, BINARY, NESTED, SCALAR, SEQUENCE, STRING, VECTOR, by_position, nesting, position, sql
+from ..handle import ColumnStats, DatasetError
+from ..schema import ARRAY, BINARY, NESTED, SCALAR, SEQUENCE, STRING, VECTOR, by_position, nesting, position, sql
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +92,10 @@ def _observed(observation, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
     return got
 
 
-def _aggregate_cache(spark, cache_dir_url: str, df_schema, kinds: Dict[str, str],
-                     ranges: Iterable[str] = ()) -> Dict[str, Any]:
-    """The same measures as the write observes, over a cache made before (one aggregation job)."""
-    cache = by_position(spark.read.parquet(cache_dir_url))  # the cache's columns: df_schema's, in order
-    return cache.agg(*_value_exprs(df_schema, kinds, ranges)).first().asDict()
+def _aggregate(frame, df_schema, kinds: Dict[str, str], ranges: Iterable[str] = ()) -> Dict[str, Any]:
+    """The same measures as the write observes, over ``frame`` (one aggregation job): a cache made before
+    (``spark.read.parquet``: its columns are ``df_schema``'s, in order), or the files of a Petastorm input."""
+    return by_position(frame).agg(*_value_exprs(df_schema, kinds, tuple(ranges))).first().asDict()
 
 
 def _enough_rows(name: str, rows: int, num_ranks: int) -> None:

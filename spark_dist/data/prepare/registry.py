@@ -4,21 +4,23 @@ A cache is keyed by application, parent directory, the DataFrame (the same data 
 judges) and the files it reads. Caches are kept per application, least recently used evicted beyond
 :data:`MAX_CACHED_DATASETS`, and deleted by :func:`clear_cache`, when the SparkContext stops, or when this
 process exits. Neither eviction nor :func:`clear_cache` deletes a cache in use: one a run reads
-(:func:`in_use`), one being written, or one a ``prepare_datasets`` call still under way has handed out
-(:func:`preparing`).
+(:func:`in_use`, :func:`not_evicted`), one being written, or one a ``prepare_datasets`` call still under way has
+handed out. A call is one :func:`preparing` block, and each dataset in it one :meth:`Call.claim`: the cache found
+again, or this thread's to write (:meth:`Claim.made`) and keep (:meth:`Claim.keep`).
 """
 import atexit
+import contextlib
 import functools
 import logging
 import os
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..spark import session
-from .handle import DatasetHandle, local_path
-from .location import _remove_default_parent
+from ...spark import session
+from ..handle import DatasetHandle
+from ..urls import local_path
+from .location import _remove_default_parent, delete_dir
 
 logger = logging.getLogger(__name__)
 
@@ -94,22 +96,92 @@ _atexit_registered = False
 MAX_CACHED_DATASETS = 8
 
 
-@contextmanager
-def preparing():
-    """One ``prepare_datasets`` call under way; yields ``held``, the list :func:`_hold` adds to. Until the call
-    returns, the caches it has handed out are in use, and the default parent dir (where its writes may go)
-    stays. Enter it before choosing the parent dir: :func:`clear_cache` removes that dir only when no call
-    is under way."""
+@contextlib.contextmanager
+def preparing(spark) -> Iterator["Call"]:
+    """One ``prepare_datasets`` call under way, as a :class:`Call`. Until it returns, the caches it has handed
+    out are in use, and the default parent dir (where its writes may go) stays: enter it before choosing that
+    dir (:func:`clear_cache` removes it only when no call is under way). The application's caches are deleted
+    when its SparkContext stops or this process exits (:func:`_register_cleanup`); once the call succeeds, the
+    least recently used beyond :data:`MAX_CACHED_DATASETS` are evicted, never one it hands out."""
     global _preparing
-    held: List[str] = []
     with _lock:
         _preparing += 1
+    call = Call(spark)
     try:
-        yield held
+        _register_cleanup(spark)
+        call.app_id = _app_id(spark)
+        yield call
+        _evict(call.app_id, keep=set(call.held))
     finally:
         with _lock:
             _preparing -= 1
-            _release(held)
+            _release(call.held)
+
+
+class Call:
+    """One :func:`preparing` call: its application (``app_id``) and the caches it holds (``held``, their URLs)."""
+
+    def __init__(self, spark):
+        self.spark = spark
+        self.app_id = ""
+        self.held: List[str] = []
+
+    def hold(self, url: str) -> None:
+        """Keep the cache ``url`` (of a handle passed back in) in use until the call returns."""
+        _hold(self.held, url)
+
+    @contextlib.contextmanager
+    def claim(self, key: str, df) -> Iterator["Claim"]:
+        """The cache of ``df``'s data under ``key`` (the parent dir a write goes to, or a Petastorm input's own
+        slot, which no DataFrame's lookup finds): :attr:`Claim.found` where this application has it (held for
+        the call), else this thread's to make, while another thread preparing the same data waits for it. A
+        cache :meth:`Claim.made` recorded is deleted when the block fails before :meth:`Claim.keep`."""
+        inputs = _input_files(self.spark, df)
+        hit, mine = _find_or_claim(self.app_id, key, df, inputs, self.held)
+        entry = _Entry(self.app_id, key, df, inputs, converter=None, handle=None, owned=False)  # type: ignore[arg-type]
+        claim = Claim(self.held, hit, entry)
+        try:
+            yield claim
+        except BaseException:
+            claim.discard()
+            raise
+        finally:
+            if mine is not None:
+                _done_writing(mine)
+
+
+class Claim:
+    """A dataset's cache in a :meth:`Call.claim` block: :attr:`found` again, or made (:meth:`made`) and kept
+    (:meth:`keep`) by this thread."""
+
+    def __init__(self, held: List[str], hit: Optional[_Entry], entry: _Entry):
+        self._held = held      # the call's: a cache kept is held for it
+        self._hit = hit        # the registry's entry of the same data, or None
+        self._entry = entry    # the entry this thread adds, once it has made the cache and kept its handle
+        self._made = self._kept = False
+        self.found: Optional[DatasetHandle] = hit.handle if hit is not None else None
+
+    def made(self, converter, owned: bool) -> None:
+        """The cache exists now: ``converter`` (Petastorm's ``SparkDatasetConverter``; ``None`` for a Petastorm
+        dataset's files), ``owned`` unless it is the user's (then never deleted here)."""
+        self._entry.converter = converter
+        self._entry.owned = owned
+        self._made = True
+
+    def keep(self, handle: DatasetHandle) -> DatasetHandle:
+        """Keep ``handle`` as the data's, for later calls to find (held for this one); returns it."""
+        if self._hit is not None:  # found again, its stats completed
+            self._hit.handle = handle
+        else:
+            self._entry.handle = handle
+            _add(self._entry, self._held)
+        self._kept = True
+        return handle
+
+    def discard(self) -> None:
+        """Delete a cache made but not kept (the checks refused it)."""
+        if self._made and not self._kept:
+            _delete(self._entry)
 
 
 def _hold(held: List[str], url: str) -> None:
@@ -164,7 +236,7 @@ def _done_writing(write: _Write) -> None:
     write.done.set()
 
 
-@contextmanager
+@contextlib.contextmanager
 def in_use(handles: Iterable[DatasetHandle]):
     """Keep these handles' caches while a run reads them: from eviction (another thread's prepare_datasets
     may go past MAX_CACHED_DATASETS meanwhile) and from another thread's :func:`clear_cache`."""
@@ -175,6 +247,11 @@ def in_use(handles: Iterable[DatasetHandle]):
         yield
     finally:
         _release(held)
+
+
+def not_evicted(handles: Dict[str, DatasetHandle]):
+    """A context in which the handles' caches are not evicted (while ranks read them); nothing without any."""
+    return in_use(handles.values()) if handles else contextlib.nullcontext()
 
 
 def _evict(app_id: str, keep) -> None:
@@ -206,8 +283,6 @@ def _delete(entry: _Entry) -> None:
 def _delete_on_executor(spark, url: str) -> None:
     """Delete the cache directory ``url`` from one executor task (under Spark Connect with a remote driver)."""
     def delete(_index):
-        from .handle import delete_dir
-
         delete_dir(url, ignore_errors=True)
         return []
 

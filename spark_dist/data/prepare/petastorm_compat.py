@@ -44,7 +44,7 @@ import sys
 import threading
 import types
 
-from ..host.import_hooks import PatchOnImport
+from ...host.import_hooks import PatchOnImport
 
 _lock = threading.Lock()
 _installed = False

@@ -4,7 +4,7 @@ from typing import Optional
 
 import numpy as np
 
-from .handle import DatasetError
+from ..handle import DatasetError
 
 
 def torch_dtype(value, column: str, dataset: str):

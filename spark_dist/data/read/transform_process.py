@@ -32,12 +32,12 @@ from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
 
-from ..host import parent_death
+from ...host import parent_death
 
 # Run by the new interpreter: it needs only the standard library until sys.path is the rank's.
 BOOT = ("import json, sys\n"
         "sys.path[:] = json.loads(sys.argv[4])\n"
-        "from spark_dist.data.transform_process import workers_main\n"
+        "from spark_dist.data.read.transform_process import workers_main\n"
         "workers_main([int(fd) for fd in sys.argv[1].split(',')], int(sys.argv[2]), sys.argv[3] == '1')\n")
 
 _PARENT_POLL_S = 1.0    # how often a worker checks that the rank is still its parent

@@ -1,7 +1,7 @@
 """A rank's loader whose batches pass through the user's ``transform`` (decode, tokenize, augment) on the way.
 
-:class:`TransformedLoader` wraps a :class:`~spark_dist.data.loader.ShardLoader` that yields CPU batches and
-hands them to :class:`~spark_dist.data.transform_workers.TransformWorkers` (``workers`` processes, or the
+:class:`TransformedLoader` wraps a :class:`~spark_dist.data.read.loader.ShardLoader` that yields CPU batches and
+hands them to :class:`~spark_dist.data.read.transform_workers.TransformWorkers` (``workers`` processes, or the
 calling thread for ``workers=0``), then moves what comes back to the rank's device. The batch order, the
 number of batches and the epoch order are the inner loader's, so epochs stay reproducible from
 ``(seed, epoch)``.

@@ -14,8 +14,8 @@
 """
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+from ..handle import DatasetError
 from . import dealt_epoch
-from .handle import DatasetError
 
 # What the epoch order and the batches depend on besides (seed, shuffle), which a state carries and restores:
 # a position (batches yielded) means the same rows only where these are the same.

@@ -14,10 +14,11 @@ import uuid
 import warnings
 from typing import Dict, Iterable, List, Optional
 
-from ..spark import jvm, session
+from ...spark import jvm, session
+from ..schema import BINARY, NESTED, STRING, VECTOR, by_position, leaf_type, nesting, position, sql
+from ..urls import open_parquet
 from .checks import _observed, _value_exprs
-from .handle import delete_dir, open_parquet
-from .schema import BINARY, NESTED, STRING, VECTOR, by_position, leaf_type, nesting, position, sql
+from .location import delete_dir
 
 # Petastorm 0.12 uses pyarrow APIs that pyarrow 14 marks deprecated; the warnings say nothing a user can act on.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm\.")

@@ -10,9 +10,10 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..handle import SEQUENCE, CodecColumn, ColumnInfo
 from .arrays import list_values, numpy_dtype, to_numpy
 from .column_options import ColumnOptions
-from .handle import SEQUENCE, ColumnInfo
+from .petastorm_codecs import decoded_batch
 
 _UNKNOWN_ROW_BYTES = 1024  # a variable-size column's row where the handle does not say (one made by hand)
 
@@ -58,7 +59,8 @@ def batch_values(column: ColumnInfo, window, start: int, stop: int, options: Col
     """Rows ``[start, stop)`` of a variable-size column's window, as a batch holds them (``{name: value}``, and
     ``{name}_lengths`` for a padded sequence):
 
-    - binary: a list of ``bytes`` (decoded where a Petastorm codec wrote it: :class:`.petastorm_codecs.CodecColumn`);
+    - binary: a list of ``bytes`` (decoded where a Petastorm codec wrote it, a
+      :class:`~spark_dist.data.handle.CodecColumn`: :mod:`.petastorm_codecs`);
       string: a list of ``str``;
     - sequence: a tensor ``[rows, longest]`` of ``options.dtypes[name]``, padded with ``options.pad[name]`` at
       the end of each row (at its start with ``options.left``), and the int64 tensor of the rows' lengths; a
@@ -67,8 +69,8 @@ def batch_values(column: ColumnInfo, window, start: int, stop: int, options: Col
     import torch
 
     part = window.slice(start, stop - start)
-    if hasattr(column, "decoded_batch"):  # a column a Petastorm codec wrote: decoded (.petastorm_codecs)
-        return column.decoded_batch(part, pin)
+    if isinstance(column, CodecColumn):  # a column a Petastorm codec wrote: decoded
+        return decoded_batch(column, part, pin)
     if column.kind != SEQUENCE:
         return {column.name: part.to_pylist()}
     torch_dtype, pad, left = options.dtypes[column.name], options.pad.get(column.name, 0), options.left

@@ -7,9 +7,9 @@ from __future__ import annotations
 import errno
 import os
 
-from ..spark import jvm
-from ..spark.session import is_connect, run_on_executors
-from .handle import local_path, readable_url
+from ...spark import jvm
+from ...spark.session import is_connect, run_on_executors
+from ..urls import local_path, readable_url
 
 
 def write_bytes(spark, path: str, data: bytes) -> None:

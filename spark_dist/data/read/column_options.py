@@ -4,9 +4,9 @@ from dataclasses import dataclass, field
 from numbers import Number
 from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
-from .arrays import default_dtype, torch_dtype
-from .handle import (ARRAY, BINARY, NESTED, NUMBER_KINDS, SEQUENCE, STRING, VECTOR, ColumnInfo, DatasetError,
+from ..handle import (ARRAY, BINARY, NESTED, NUMBER_KINDS, SEQUENCE, STRING, VECTOR, ColumnInfo, DatasetError,
                      DatasetHandle)
+from .arrays import default_dtype, torch_dtype
 
 PAD_SIDES = ("right", "left")
 
