@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -31,8 +30,11 @@ CONNECT_LOCAL, CONNECT_STANDALONE = "connect_local", "connect_standalone"
 # Every process this test session starts inherits this variable (JVMs pass their environment on to
 # executors and Python daemons), which lets the leak check find orphans whose parent already died.
 SESSION_MARKER = "SPARK_DIST_TEST_SESSION"
-# Processes that must not outlive a test run.
-SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py")
+# Processes that must not outlive a test run: Spark's JVMs and Python workers, and spark_dist's own: the
+# spark_dist_daemon of local[2] and every worker and rank forked from it (`python -m spark_dist_daemon`),
+# local-mode ranks (`python -m spark_dist.task.local_rank`), transform workers (`python -c BOOT`, whose code
+# imports spark_dist.data.read.transform_process) and `python -m spark_dist run`.
+SPARK_PATTERNS = ("org.apache.spark.", "pyspark.daemon", "pyspark.worker", "pyspark/daemon.py", "spark_dist")
 
 N_EXECUTORS = {LOCAL: 0, LOCAL_CLUSTER: 2, SHARED_EXECUTORS: 2, MULTI_GPU_TASKS: 2, STANDALONE: 2, TWO_HOSTS: 2}  # executors besides the driver
 
@@ -55,9 +57,11 @@ TEST_CONF = {
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, for a JVM to listen on: from this Spark line's own range (free_ports.py),
+    not the kernel's ephemeral range, where any outgoing connection of either line's suite may take it first."""
+    from free_ports import free_ports
+
+    return free_ports(1)
 
 
 def _wait_for(what, check, timeout, interval=0.2):
@@ -200,6 +204,13 @@ class StandaloneCluster:
         self._generation = getattr(self, "_generation", 0) + 1
         self.workers[i] = _SPAWNER.submit(self._spawn_worker, i, self._generation).result()
         self._wait_for_workers("the new standalone worker to register", timeout=90)
+
+    def kill_worker(self, i):
+        """Worker ``i`` and its executors gone for good (a machine lost and never replaced): SIGKILL to its
+        process group. The cluster no longer counts as running (:meth:`is_running`), so the next test that asks
+        SparkManager for it gets a new one."""
+        _signal_group(self.workers[i], signal.SIGKILL)
+        self.workers[i].wait()
 
     def _wait_for_workers(self, what, timeout):
         """Until every worker is ALIVE on the master; fails at once if one of our JVMs exited."""

@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import uuid
 
 # Before anything can start a JVM: loopback only, executors run this interpreter, and every
@@ -231,17 +232,90 @@ def _unit_tests_start_no_jvm(request):
         assert SparkContext._gateway is None, f"{request.node.nodeid} started a JVM: move it to tests/spark"
 
 
+# -- rank work dirs -------------------------------------------------------------------------------------------
+# A rank's work dir (spark_dist.task.barrier_task: spark_dist-rank-<pid>-<run_id>-<attempt>-r<rank>-XXXX, made by
+# spark_dist.host.tempdirs) is removed by the process that made it when the rank's task ends; while it lives,
+# that process holds a flock on its .owner file. A dir still there and still held after its test is one a live
+# process (a reused Python worker, the driver in local mode) forgot to remove: the check below fails the test. A
+# dir whose owner died (a Python worker or an executor a test killed on purpose: SIGKILL runs no cleanup) is
+# left for the next run's sweep, as in production; those still there at the end are listed in the summary.
+RANK_DIR_PREFIX = "spark_dist-rank-"
+RANK_DIR_GRACE_S = 30  # a cancelled task removes its dirs a little after its run() raised
+_swept_rank_dirs = []  # left by owners that died, removed at the end of the session
+
+
+def _rank_dir_parents():
+    """Where the processes of the tests make their temp dirs: this run's temp dir, and each namespace host's."""
+    hosts = getattr(_manager, "hosts_cluster", None)
+    return [RUN_TEMP_DIR, *(getattr(hosts, "host_tmp", {}) or {}).values()]
+
+
+def rank_work_dirs():
+    found = set()
+    for parent in _rank_dir_parents():
+        try:
+            found.update(os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(RANK_DIR_PREFIX))
+        except OSError:
+            pass
+    return found
+
+
+def _held(path):
+    """Whether a live process holds ``path``'s lock (never takes it for longer than the check)."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(path, ".owner"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # gone meanwhile
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the owner holds LOCK_EX
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def held_rank_work_dirs(paths, grace=RANK_DIR_GRACE_S):
+    """Those of ``paths`` still there and held by a live process after ``grace`` seconds (or once none is)."""
+    deadline = time.monotonic() + grace
+    while True:
+        held = sorted(p for p in paths if os.path.isdir(p) and _held(p))
+        if not held or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
+@pytest.fixture(autouse=True)
+def _rank_work_dirs_go_with_their_tasks(request):
+    before = rank_work_dirs()
+    yield
+    made = rank_work_dirs() - before
+    if not made:
+        return
+    held = held_rank_work_dirs(made)
+    if held:
+        pytest.fail(f"{request.node.nodeid}: rank work dirs left behind by a live process (their owner holds "
+                    f"them {RANK_DIR_GRACE_S} s after the test; a rank's task removes its dir when it ends):\n"
+                    + "\n".join(f"  {p}" for p in held), pytrace=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_leaked_processes():
-    """After every other session fixture is torn down: no Spark process of ours may remain."""
+    """After every other session fixture is torn down: no Spark process of ours may remain, and no rank work dir
+    either (every dir left by a dead owner is swept now, and listed at the end of the run)."""
     yield
+    parents = _rank_dir_parents()
     _shutdown()
     leaks = wait_for_no_leaks(MARKER)
-    # Work dirs of the Python workers the tests killed on purpose: the next run would sweep them; this
-    # session's last run was the last, so sweep now (every owner is dead by now, see the leak check).
     from spark_dist.host import tempdirs
 
-    tempdirs.sweep("rank")
+    left = held_rank_work_dirs(rank_work_dirs(), grace=5)  # only this process can still hold one (local mode)
+    for parent in parents:
+        _swept_rank_dirs.extend(tempdirs.sweep("rank", parent))
     shutil.rmtree(RUN_TEMP_DIR, ignore_errors=True)
     if leaks:
         msg = describe(leaks)
@@ -249,6 +323,18 @@ def _no_leaked_processes():
             p.kill()
         pytest.fail("LEAKED PROCESSES after stopping every Spark set-up (killed now):\n" + msg,
                     pytrace=False)
+    if left:
+        pytest.fail("rank work dirs still held by this process after every Spark set-up stopped:\n"
+                    + "\n".join(f"  {p}" for p in left), pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _swept_rank_dirs:
+        terminalreporter.write_line(
+            f"rank work dirs left by owners that died (tests kill Python workers and executors on purpose), swept "
+            f"at the end: {len(_swept_rank_dirs)}", yellow=True)
+        for path in _swept_rank_dirs:
+            terminalreporter.write_line(f"  {os.path.basename(path)}")
 
 
 @pytest.hookimpl(trylast=True)

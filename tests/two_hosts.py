@@ -64,6 +64,38 @@ def _make_network():
         _ip("-n", ns, "link", "set", "lo", "up")
 
 
+# How long to wait for the other line's two-host tests to let go of the namespaces. This wait is in a fixture's
+# set-up, which pytest.ini's per-test limit (timeout_func_only) does not cover: without a bound of its own, a run
+# of the other line stalled while holding the lock would hang this one for good.
+LOCK_TIMEOUT_S = 1200
+
+
+def _take_lock(path, timeout=LOCK_TIMEOUT_S):
+    """The file ``path``, open and exclusively locked (flock) by this process, which is named in it; raises
+    TimeoutError naming the holder after ``timeout`` seconds."""
+    lock = open(path, "a+")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.seek(0)
+                holder = lock.read().strip() or "unknown"
+                lock.close()
+                raise TimeoutError(
+                    f"two hosts: {path} is still locked after {timeout} s by another test run (holder: {holder}): "
+                    "its two-host cluster holds the namespaces spdist-h1/h2 and the bridge spdist-br0. If that run "
+                    "is stuck, stop it (its pid is above); the kernel drops the lock when it exits") from None
+            time.sleep(1.0)
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} (pytest of spark_dist's tests), since {time.strftime('%H:%M:%S')}\n")
+    lock.flush()
+    return lock
+
+
 class TwoHostCluster(StandaloneCluster):
     """A standalone master on the bridge address and one worker (2 cores) in each namespace. A run of two ranks
     still has one on each host: Spark deals a stage's tasks out to the executors in turn."""
@@ -82,9 +114,8 @@ class TwoHostCluster(StandaloneCluster):
         # The namespaces, links and addresses have fixed names: a test run of the other Spark line (make test
         # runs both at once) waits here until this one has removed them. The kernel drops the lock if we die.
         # The machine's temp dir, not this run's (conftest): the other line's run must see the same file.
-        self._lock = open(os.path.join(os.environ.get("SPARK_DIST_TEST_MACHINE_TMP", tempfile.gettempdir()),
-                                       "spark_dist-two-hosts.lock"), "w")
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self._lock = _take_lock(os.path.join(os.environ.get("SPARK_DIST_TEST_MACHINE_TMP", tempfile.gettempdir()),
+                                             "spark_dist-two-hosts.lock"))
         try:
             _make_network()
             port, ui_port = free_port(), free_port()

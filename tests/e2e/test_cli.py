@@ -51,18 +51,26 @@ def test_bad_usage_exits_2(args, message):
     assert result.stdout == ""
 
 
+def started_a_jvm(result):
+    """Whether the command started a JVM: every JVM the tests' commands start says so on its stderr, as it reads
+    the JAVA_TOOL_OPTIONS that tests/conftest.py sets for all of them (a direct check where a time bound, on a
+    loaded machine, would be a guess)."""
+    assert "JAVA_TOOL_OPTIONS" in os.environ  # set by conftest.py, inherited by the commands
+    return "Picked up JAVA_TOOL_OPTIONS" in result.stderr
+
+
 def test_missing_script_exits_2_without_starting_spark(tmp_path):
     result = spark_dist("run", "--master", "local[2]", "-n", "2", tmp_path / "no_such.py", "--lr", "1")
     assert result.returncode == 2
     assert "no_such.py' not found" in result.stderr
-    assert "SparkContext" not in result.stderr and result.seconds < 30
+    assert "SparkContext" not in result.stderr and not started_a_jvm(result)
 
 
 def test_bad_setting_exits_2_naming_it_before_starting_spark():
     result = spark_dist("run", "--master", "local[2]", "--num-processes", "0", TRAIN, "--snapshot", "x")
     assert result.returncode == 2
     assert "configuration error: num_processes has to be a positive integer" in result.stderr
-    assert result.seconds < 30
+    assert not started_a_jvm(result)
 
 
 def test_options_after_the_script_belong_to_the_script(tmp_path):
@@ -81,6 +89,47 @@ def test_submit_path_names_the_file_spark_submit_runs():
 
 
 # ------------------------------------------------------------------------------- local mode and torchrun
+WAIT_FOR_CTRL_C = """import os, sys, time
+open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"] + ".pid"), "w").write(str(os.getpid()))
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("where", [["--local-mode"], ["--master", "local[2]"]], ids=["local-mode", "local[2]"])
+def test_ctrl_c_exits_130_and_stops_the_ranks(tmp_path, where):
+    """Ctrl-C as a terminal sends it: SIGINT to the command's whole process group (the driver, and on local[2]
+    its JVM), once both ranks run."""
+    import signal
+    import time
+
+    from clusters import still_running_after
+
+    script = tmp_path / "wait_for_ctrl_c.py"
+    script.write_text(WAIT_FOR_CTRL_C)
+    proc = subprocess.Popen([sys.executable, "-m", "spark_dist", "run", *where, "-n", "2", str(script), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(list(tmp_path.glob("rank*.pid"))) == 2, proc.poll()
+        time.sleep(0.5)  # both pid files are complete
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it (a gateway JVM)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert "spark-dist: interrupted" in err
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    assert still_running_after(pids) == []  # the ranks (each in a session of its own) were stopped too
+
+
 def test_timeout_exits_124(tmp_path):
     result = spark_dist("run", "--local-mode", "-n", "2", "--timeout", "3", os.path.join(SCRIPTS, "sleep_forever.py"))
     assert result.returncode == 124
@@ -133,6 +182,7 @@ def test_spark_conf_error_exits_2_naming_the_key(tmp_path):
     assert result.returncode == 2
     assert "configuration error:" in result.stderr
     assert "spark.dynamicAllocation.enabled=false" in result.stderr
+    assert started_a_jvm(result)  # a Spark setting: checked by a session (what the tests above rule out)
     assert not (tmp_path / "s.pt").exists()
 
 

@@ -97,6 +97,10 @@ def test_asking_for_a_missing_dataset_names_those_given(spark_local):
 
 
 def test_unsupported_column_is_refused_before_any_job(spark_local):
+    from spark_jobs import jobs_started
+
     df = spark_local.createDataFrame([({"a": 1}, 1)], "tags map<string,int>, label long")
+    before = jobs_started(spark_local)  # every job, whatever its group: a run's and a dataset write's too
     with pytest.raises(DatasetError, match="tags"):
         Distributor(num_processes=2, verbose=False).run(read_with_allreduce_per_batch, 1, datasets={"train": df})
+    assert jobs_started(spark_local) == before

@@ -4,12 +4,12 @@ a job of its own; a run of this process that waits for slots gets them between t
 (That trials share a lane's job and its warm workers: tests/spark/test_tune_runs.py.)"""
 import os
 import signal
-import socket
 import threading
 import time
 
 import pytest
 
+from free_ports import free_ports
 from spark_dist import Distributor, get_context
 from spark_dist.tune import optimize
 
@@ -57,24 +57,6 @@ def test_a_retry_runs_on_a_new_lane_whether_its_lane_lived_or_was_lost(spark_loc
     assert "rank 0 on host 127.0.0.1: its Spark task failed: Python worker exited unexpectedly" in lost, lost
 
 
-def free_ports(count):
-    """The first of ``count`` consecutive ports free now on the loopback."""
-    for first in range(47000, 48000, count):
-        sockets = []
-        try:
-            for port in range(first, first + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def test_where_the_store_ports_leave_no_room_for_lanes_each_trial_is_a_job(spark_local, runtime_conf, tmp_path):
     # Two trials at once need two stores of their own; lanes would need two more: three ports are too few.
     first = free_ports(3)
@@ -104,18 +86,26 @@ def test_a_run_waiting_for_slots_gets_them_between_two_trials(spark_local, tmp_p
     study = optuna.create_study()
     for x in range(4):
         study.enqueue_trial({"x": x})
-    outside = {}
+    outside, study_over = {}, threading.Event()
 
     def run_beside_the_study():
+        deadline = time.monotonic() + 120
         while not list(trials_dir.iterdir()):  # once the first trial has ended
+            if study_over.is_set() or time.monotonic() > deadline:  # the study failed, or no trial ever ended
+                return
             time.sleep(0.05)
         outside["result"] = Distributor(num_processes=2, verbose=False).run(hold, "outside", str(run_dir), 0.5)
 
-    thread = threading.Thread(target=run_beside_the_study)
+    # A daemon: should it still be waiting when the test fails, it never keeps pytest from exiting.
+    thread = threading.Thread(target=run_beside_the_study, daemon=True)
     thread.start()
-    # 2-rank trials on local[2]: the study's one lane holds both slots.
-    optimize(study, lambda t: (hold, (t.suggest_int("x", 0, 9), str(trials_dir), 1.0)), 4, num_processes=2)
+    try:
+        # 2-rank trials on local[2]: the study's one lane holds both slots.
+        optimize(study, lambda t: (hold, (t.suggest_int("x", 0, 9), str(trials_dir), 1.0)), 4, num_processes=2)
+    finally:
+        study_over.set()
     thread.join(120)
+    assert not thread.is_alive()
     assert outside == {"result": "outside"} and [t.state.name for t in study.trials] == ["COMPLETE"] * 4
     run_start = min(float(p.read_text().split()[0]) for p in run_dir.iterdir())
     last_trial_start = max(float(p.read_text().split()[0]) for p in trials_dir.iterdir())

@@ -8,6 +8,8 @@ import time
 import pytest
 
 from clusters import still_running_after
+from spark_jobs import jobs_started
+from test_reliability import stop_bound
 from spark_dist import ConfigError, Distributor, TrainingFailedError, get_context
 from spark_dist.wire.protocol import ABORT
 
@@ -109,7 +111,9 @@ def test_a_failing_rank_is_reported_within_seconds_while_its_peer_blocks(spark_l
     with pytest.raises(TrainingFailedError) as info:
         Distributor(num_processes=2, verbose=False).run(hang_unless_rank_one_raises)
     error = info.value
-    assert time.monotonic() - started < 30
+    # No setting makes it wait: the failure is reported, and rank 0 stopped, within the abort grace period and
+    # the slack a loaded machine needs (first runs here import torch) -- not after rank 0's 600 s sleep.
+    assert time.monotonic() - started < stop_bound(0) + 10
     assert (error.rank, error.host, error.exc_type) == (1, "127.0.0.1", "ValueError")
     assert isinstance(error.cause, ValueError) and isinstance(error.__cause__, ValueError)
     assert "raise ValueError(\"learning rate must be positive\")" in error.remote_traceback
@@ -154,10 +158,10 @@ def test_get_context_outside_a_run_says_where_it_works():
 def test_more_processes_than_slots_fails_before_any_job(spark_local):
     spark_local.conf.set("spark.dist.slotWaitTimeout", "1")
     try:
-        jobs_before = len(spark_local.sparkContext.statusTracker().getJobIdsForGroup(None))
+        jobs_before = jobs_started(spark_local)  # every job, whatever its group (a run's has its own)
         with pytest.raises(ConfigError, match=r"num_processes=3 but the cluster has 2 task slots"):
             Distributor(num_processes=3, verbose=False).run(allreduce_and_describe, 1)
-        assert len(spark_local.sparkContext.statusTracker().getJobIdsForGroup(None)) == jobs_before
+        assert jobs_started(spark_local) == jobs_before
     finally:
         spark_local.conf.unset("spark.dist.slotWaitTimeout")
 
@@ -234,7 +238,7 @@ def test_tasks_that_never_meet_are_named_after_the_rendezvous_timeout(spark_loca
             Distributor(num_processes=2, local_mode=True, verbose=False, spark=spark_local).run(os.getpid)
     finally:
         spark_local.conf.unset("spark.dist.rendezvousTimeout")
-    assert time.monotonic() - started < 15  # the rendezvous timeout, then the abort grace period at most
+    assert time.monotonic() - started < stop_bound(1)  # the rendezvous timeout, then the abort grace period
 
 
 def gloo_interfaces():

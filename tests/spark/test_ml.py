@@ -1,7 +1,6 @@
 """spark_dist.ml: TorchEstimator / TorchModel in Pipelines, tuning, persistence, and bad input, on local[2]."""
 import functools
 import logging
-import time
 
 import numpy as np
 import pytest
@@ -381,16 +380,17 @@ def bad_inputs(spark):
 
 
 def refused_fit_jobs(spark, est, df, message) -> list:
-    """The Spark jobs of ``est.fit(df)``, which must raise a ConfigError matching ``message``."""
-    sc = spark.sparkContext
-    group = f"bad-input-{time.monotonic_ns()}"
-    sc.setJobGroup(group, message)
-    try:
-        with pytest.raises(ConfigError, match=message):
-            est.fit(df)
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    return sc.statusTracker().getJobIdsForGroup(group)
+    """The Spark jobs of ``est.fit(df)``, which must raise a ConfigError matching ``message``: every job started
+    meanwhile, whatever its group, as ``(job id, group)``; none of them a training job (a run's barrier job, under
+    a job group ``spark_dist-...`` of its own)."""
+    from spark_jobs import jobs_since, jobs_started, RUN_GROUP_PREFIX
+
+    before = jobs_started(spark)
+    with pytest.raises(ConfigError, match=message):
+        est.fit(df)
+    jobs = jobs_since(spark, before)
+    assert not [job for job in jobs if job[1] is not None and job[1].startswith(RUN_GROUP_PREFIX)], jobs
+    return jobs
 
 
 @pytest.mark.parametrize("case", ["model not set", "missing feature column", "missing label column",

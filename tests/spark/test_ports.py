@@ -15,6 +15,7 @@ from spark_dist.driver.first_task import STORE_PORTS, configured_ports_taken, po
 from spark_dist.wire.sealed_store import bind_in_range, bind_listener
 
 from free_ports import free_ports, session_conf
+from spark_jobs import jobs_started
 from test_horovod import needs_horovod
 from test_launcher import allreduce_and_describe
 
@@ -144,12 +145,11 @@ def test_a_retry_binds_the_single_configured_port_again(spark_local):
 
 def test_a_taken_store_port_fails_before_any_job(spark_local):
     first = free_ports(1)
-    tracker = spark_local.sparkContext.statusTracker()
     with bind_listener("127.0.0.1", first), session_conf(spark_local, CONF_STORE_PORT, str(first)):
-        jobs_before = len(tracker.getJobIdsForGroup(None))
+        jobs_before = jobs_started(spark_local)  # every job, whatever its group (a run's has its own)
         with pytest.raises(ConfigError, match=rf"spark\.dist\.storePort={first}: port {first} is taken"):
             Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)
-        assert len(tracker.getJobIdsForGroup(None)) == jobs_before
+        assert jobs_started(spark_local) == jobs_before
 
 
 def test_connect_hosts_the_store_on_the_configured_port(spark_connect):

@@ -172,10 +172,11 @@ def test_ctrl_c_cancels_the_running_trials_jobs(spark_local, tmp_path):
     from spark_jobs import interrupt_main_when
 
     study = grid(1, 2)
-    interrupt_main_when(tmp_path, "*.pid", 2, timeout=90)  # once both trials' ranks run
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        optimize(study, lambda t: (hang, (t.suggest_int("x", 0, 9), str(tmp_path))), 4)
+    with interrupt_main_when(tmp_path, "*.pid", 2, timeout=90) as ctrl_c:  # once both trials' ranks run
+        with pytest.raises(KeyboardInterrupt):
+            optimize(study, lambda t: (hang, (t.suggest_int("x", 0, 9), str(tmp_path))), 4)
+    assert ctrl_c.fired
     assert time.monotonic() - started < 120
     assert sorted(t.state.name for t in study.trials) == ["FAIL", "FAIL"]  # no new trial after the interrupt
     pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]

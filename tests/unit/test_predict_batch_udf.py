@@ -195,15 +195,33 @@ def test_batch_size_must_be_a_positive_integer(bad):
         predict_batch_udf(fn(lambda x: x), return_type=DoubleType(), batch_size=bad)
 
 
+class Model:
+    """A stand-in for a model: what a weak reference can watch go."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __call__(self, x):
+        return x
+
+
 def test_the_cache_loads_once_per_udf_and_keeps_the_most_recent(monkeypatch):
+    import weakref
+
     cache.clear()
     monkeypatch.setenv(cache.SIZE_ENV, "2")
-    loads = []
+    loads, models, alive_at_load = [], {}, []
+
+    def alive():
+        return sorted(tag for tag, model in models.items() if model() is not None)
 
     def make(tag):
         def make_predict_fn():
+            alive_at_load.append(alive())  # which models are still in memory as this one loads
             loads.append(tag)
-            return lambda x: x
+            model = Model(tag)
+            models[tag] = weakref.ref(model)
+            return model
         return make_predict_fn
 
     udfs = [predict_batch_udf(make(i), return_type=DoubleType(), batch_size=2) for i in range(3)]
@@ -214,26 +232,48 @@ def test_the_cache_loads_once_per_udf_and_keeps_the_most_recent(monkeypatch):
     list(outputs(udfs[1], [scalars(3)]))
     list(outputs(udfs[0], [scalars(3)]))
     assert loads == [0, 1, 2, 0] and len(cache.keys()) == 2
+    # Bounded, and freed before the next model loads (README): the model evicted for model 2 (0), then the one
+    # evicted for model 0's second load (2), was gone from memory when the next one's make_predict_fn ran.
+    assert alive_at_load == [[], [0], [1], [1]]
     cache.clear()
-    assert cache.keys() == []
+    assert cache.keys() == [] and alive() == []
 
 
 def test_concurrent_tasks_load_a_model_once():
+    import sys
+    import time
+
     cache.clear()
-    loads, gate = [], threading.Event()
+    loads, all_inside, start = [], [], threading.Barrier(4)
+
+    def in_get_or_load(thread):
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None and frame.f_code.co_name != "get_or_load":
+            frame = frame.f_back
+        return frame is not None
 
     def make_predict_fn():
-        loads.append(1)
-        gate.wait(5)
+        # The load goes on until the three other tasks are inside get_or_load too, asking for the same key:
+        # four loaders at once, however the threads were scheduled.
+        loads.append(threading.get_ident())
+        others = [t for t in threads if t.ident != threading.get_ident()]
+        deadline = time.monotonic() + 10
+        while not all(in_get_or_load(t) for t in others) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        all_inside.append(all(in_get_or_load(t) for t in others))
         return lambda x: x
 
-    threads = [threading.Thread(target=cache.get_or_load, args=("k", make_predict_fn)) for _ in range(4)]
+    def task():
+        start.wait(10)
+        cache.get_or_load("k", make_predict_fn)
+
+    threads = [threading.Thread(target=task) for _ in range(4)]
     for t in threads:
         t.start()
-    gate.set()
     for t in threads:
         t.join()
-    assert loads == [1] and cache.keys() == ["k"]
+    assert all_inside == [True]  # the other three were waiting inside get_or_load during the one load
+    assert len(loads) == 1 and cache.keys() == ["k"]
     cache.clear()
     with pytest.raises(TypeError, match="make_predict_fn returned NoneType"):
         cache.get_or_load("none", lambda: None)
