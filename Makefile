@@ -6,7 +6,7 @@ LINES ?= 4 3.5
 SPARK_LINE ?= 4
 venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env env35 env-mosaic demo test bench docs clean
+.PHONY: env env35 env-mosaic demo test bench docs mutants clean
 env:
 	@bash scripts/setup_env.sh 4
 
@@ -58,5 +58,29 @@ docs:
 	@echo "JupyterLab on 127.0.0.1 with this line's environment as its kernel; open the URL it prints"
 	$(call venv,$(SPARK_LINE))/bin/python -m jupyter lab notebooks/ --ip 127.0.0.1 --no-browser
 
+# Mutation score of the unit tests (BENCHMARKS.md): mutmut, a dev tool installed here on demand (no lock has it),
+# mutates the modules of setup.cfg's [mutmut] only_mutate, or MUTATE="spark_dist/a.py ..." (some of those) alone,
+# runs their unit tests (setup.cfg's selection) against each mutant in mutants/, and prints killed/total per module
+# with every mutant left alive (`.venv/bin/mutmut show NAME` shows one). Afresh each time: mutmut would keep an old
+# verdict when only the tests changed. A mutant whose tests hang (mutmut's "timeout") counts as killed. Low
+# priority: it shares the machine.
+MUTMUT := mutmut==3.8.1
+MUTATE ?=
+mutant_modules = $(foreach m,$(MUTATE),$(subst /,.,$(m:.py=)))
+mutants:
+	@bash scripts/setup_env.sh 4
+	@.venv/bin/python -m pip install -q --disable-pip-version-check $(MUTMUT)
+	rm -rf mutants
+	nice -n 10 .venv/bin/mutmut run $(foreach m,$(mutant_modules),'$(m).*')
+	@.venv/bin/mutmut results --all true | awk -F': ' -v only='$(mutant_modules)' \
+	  'BEGIN { n = split(only, names, " ") } \
+	  { name = $$1; sub(/^ +/, "", name); module = name; sub(/\.[^.]*$$/, "", module); total[module]++; \
+	    if ($$2 == "killed" || $$2 == "timeout") killed[module]++; \
+	    else left[module] = left[module] "\n  " $$2 ": " name } \
+	  END { if (!n) for (m in total) names[++n] = m; \
+	    for (i = 1; i <= n; i++) { m = names[i]; if (!total[m]) { print m ": no mutants"; continue } \
+	      printf "%s: %d of %d mutants killed (%.0f%%)%s\n", m, killed[m], total[m], \
+	        100 * killed[m] / total[m], left[m] } }'
+
 clean:
-	rm -rf .venv .venv-spark35 .venv-mosaic build *.egg-info
+	rm -rf .venv .venv-spark35 .venv-mosaic build *.egg-info mutants

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 LAYOUTS = ("host", "task")
 

@@ -1,4 +1,6 @@
 """An attempt's outcome and the retry rules: pure functions of what the attempt saw, as tables of cases."""
+import dataclasses
+
 import pytest
 
 from spark_dist.errors import RankFailure, root_cause
@@ -158,8 +160,10 @@ def test_the_messages_say_what_happened():
     ([raised(0, "rank 0 returned 80 MiB", "spark_dist.task.result.ResultTooLargeError")], [], False),
     # The same root cause as the attempt before: fails again.
     ([raised(1, "disk full", "OSError")], [raised(1, "disk full", "OSError")], False),
-    # A lost executor is worth another attempt (its replacement may be fine).
+    # A lost executor is worth another attempt (its replacement may be fine), also when the attempt before lost
+    # one the same way: a lost executor is no bug in the code.
     (outcome_of(seen(job_error=LOST_EXECUTOR)).failures, [], True),
+    (outcome_of(seen(job_error=LOST_EXECUTOR)).failures, outcome_of(seen(job_error=LOST_EXECUTOR)).failures, True),
 ])
 def test_retry_rules(failures, previous, retry):
     assert worth_retrying(failures, 2, previous) is retry
@@ -199,3 +203,155 @@ def test_a_job_spark_dist_cancelled_itself_is_not_the_users_cancel():
     # After the abort grace spark_dist cancels the job itself: the rank's own report leads.
     outcome = outcome_of(seen(job_error=CANCELLED_GROUP, failures=(raised(1),), cancelled_here=True))
     assert named(outcome) == [(1, "exception")]
+
+
+# -- each failure in full: who, where, what, when, and the number that orders it ------------------------------
+def renumbered(failure, seq):
+    return dataclasses.replace(failure, seq=seq)
+
+
+SILENT = ("went silent: no heartbeat from its ranks for 10s (spark.dist.hostLostTimeout); it may be off the network "
+          "or its executor frozen")
+CANCELLED = "the run's Spark job was cancelled (from the Spark UI, or by its job group or tag)"
+EXCEEDED = "the run exceeded timeout=60s"
+
+
+def spark_failure(rank, host, message, seq, job_error):
+    """What the outcome says of a rank (or a task, rank None) that Spark reported failed."""
+    return RankFailure(rank, host, "lost", message, exc_type=job_error.type_name, traceback=job_error.text, seq=seq,
+                       time=1.0)
+
+
+@pytest.mark.parametrize("case, what, expected", [
+    ("a silent host's ranks lead, numbered first; what they reported themselves is dropped",
+     dict(tasks=TWO_HOSTS, ranks=tuple(assign_ranks(TWO_HOSTS)), lost_ranks=(2, 3),
+          failures=(echo(2, 1), raised(0, seq=2))),
+     [RankFailure(2, "h2", "lost", f"host h2 {SILENT}", seq=1, time=1.0),
+      RankFailure(3, "h2", "lost", f"host h2 {SILENT}", seq=2, time=1.0), renumbered(raised(0, seq=2), 4)]),
+    ("a cancelled job leads; the ranks' reports follow in their order",
+     dict(job_error=CANCELLED_GROUP, failures=(echo(0, 1), echo(1, 2))),
+     [RankFailure(None, "d", "cancelled", CANCELLED, exc_type="Py4JJavaError", seq=1, time=1.0),
+      renumbered(echo(0, 1), 2), renumbered(echo(1, 2), 3)]),
+    ("each hung rank with its stack, numbered by rank; a later report only for a rank without one, after them all",
+     dict(timed_out=True, stacks={0: "File x", 1: "File y"}, failures=(raised(1), echo(3, 2))),
+     [RankFailure(0, "h1", "timeout", EXCEEDED, traceback="File x", seq=1),
+      RankFailure(1, "h1", "timeout", EXCEEDED, traceback="File y", seq=2), renumbered(echo(3, 2), len(RANKS) + 3)]),
+    ("a timeout before every rank started", dict(timed_out=True, ranks=(), tasks=()),
+     [RankFailure(None, "d", "timeout", f"{EXCEEDED} before every rank started")]),
+    ("a timeout once the ranks had their places, but no stack came", dict(timed_out=True),
+     [RankFailure(None, "d", "timeout", f"{EXCEEDED} while the ranks were starting")]),
+    ("a lost executor's ranks lead, in rank order; their own echoes are dropped, their peers' follow",
+     dict(job_error=LOST_EXECUTOR, failures=(echo(0, 1), echo(1, 2))),
+     [spark_failure(1, "h1", "its executor h1:4000 was lost: ExecutorLostFailure (executor 0 exited caused by one "
+                    "of the running tasks) Reason: Command exited with code 137", 1, LOST_EXECUTOR),
+      spark_failure(2, "h1", "its executor h1:4000 was lost: ExecutorLostFailure (executor 0 exited caused by one "
+                    "of the running tasks) Reason: Command exited with code 137", 2, LOST_EXECUTOR),
+      renumbered(echo(0, 1), 3)]),
+    ("a dead Python worker", dict(job_error=WORKER_DIED),
+     [spark_failure(3, "h1", "its Spark task failed: Python worker exited unexpectedly (crashed)", 1, WORKER_DIED)]),
+    ("a job failure naming no task: on the driver's host",
+     dict(job_error=NO_TASK),
+     [spark_failure(None, "d", "its Spark task failed: org.apache.spark.SparkException: Job aborted due to stage "
+                    "failure: Task serialization failed: java.io.NotSerializableException", 1, NO_TASK)]),
+    ("a lost executor with no rank map: its barrier task, on the executor Spark names",
+     dict(job_error=LOST_EXECUTOR, tasks=(), ranks=()),
+     [spark_failure(None, "executor 0", "its Spark task (barrier task 2) failed: ExecutorLostFailure (executor 0 "
+                    "exited caused by one of the running tasks) Reason: Command exited with code 137", 1,
+                    LOST_EXECUTOR)]),
+])
+def test_each_failure_in_full(case, what, expected):
+    assert outcome_of(seen(**what)).failures == expected
+
+
+# Task 1 holds GPU 2 and task 2 GPU 1 on executor h1:4000: rank 1 is task 2's, rank 2 task 1's.
+GPU_ORDER_TASKS = (TaskInfo(0, "h1", ("0",), "h1:4001"), TaskInfo(1, "h1", ("2",), "h1:4000"),
+                   TaskInfo(2, "h1", ("1",), "h1:4000"), TaskInfo(3, "h1", ("3",), "h1:4001"))
+
+
+def test_a_lost_executors_ranks_are_numbered_in_rank_order_not_task_order():
+    ranks = tuple(assign_ranks(GPU_ORDER_TASKS))
+    outcome = outcome_of(seen(job_error=LOST_EXECUTOR, tasks=GPU_ORDER_TASKS, ranks=ranks))
+    assert [(f.rank, f.seq) for f in outcome.failures] == [(1, 1), (2, 2)]
+
+
+def test_the_rendezvous_timeout_says_which_tasks_never_came_and_what_to_check():
+    [failure] = outcome_of(seen(rendezvous_missing=(1, 3), ranks=(), tasks=(), store_port=29500)).failures
+    assert failure == RankFailure(None, "d", "timeout", (
+        "the ranks did not all start within spark.dist.rendezvousTimeout=300s (tasks that never reached the run's "
+        "store at d:29500: 1, 3). If they ran, check that every executor can reach d:29500: a firewall between them "
+        "blocks it unless the port is open (pin it with spark.dist.storePort, a port or a range, and open that); the "
+        "address is spark.driver.host (the driver binds spark.driver.bindAddress where that is set): it must be one "
+        "the executors can reach, not a loopback or NAT-internal address"), time=1.0)
+    # Under Spark Connect the first task hosts the store.
+    [connect] = outcome_of(seen(rendezvous_missing=(1,), ranks=(), tasks=(), store_in_task=True)).failures
+    assert connect.message.endswith("and open that); the address is the first task's executor host, where the store "
+                                    "lives under Spark Connect: executors must reach each other")
+
+
+@pytest.mark.parametrize("records, how_they_ended", [
+    ((TaskStatus(0, TaskOutcome.ABORTED), TaskStatus(1, TaskOutcome.OK)), "task 0 aborted, task 1 ok"),
+    ((), "none"),
+])
+def test_a_job_that_ended_without_a_result_or_a_report_says_how_each_task_ended(records, how_they_ended):
+    assert outcome_of(seen(records=records)).failures == [RankFailure(
+        None, "d", "lost", "the Spark job ended without rank 0's result and no rank reported a failure (task "
+        f"outcomes: {how_they_ended})", time=1.0)]
+
+
+# Local mode: the ranks are processes of the driver, all Spark task 0 and on no executor.
+LOCAL_TASKS = (TaskInfo(0, "h", (), "", 0), TaskInfo(1, "h", (), "", 0))
+ONE_TWO_GPU_TASK = (TaskInfo(0, "h1", ("0",), "h1:4000", 0), TaskInfo(1, "h1", ("1",), "h1:4000", 0))
+
+
+@pytest.mark.parametrize("tasks, on_driver", [(LOCAL_TASKS, True), (TASKS, False), (ONE_TWO_GPU_TASK, False)])
+def test_a_rank_that_ran_on_the_driver_is_marked_so(tasks, on_driver):
+    # A SIGKILL there points to the driver's memory settings, not an executor's.
+    outcome = outcome_of(seen(tasks=tasks, ranks=tuple(assign_ranks(tasks)), failures=(killed(1, 1),)))
+    assert outcome.failures == [dataclasses.replace(killed(1, 1), on_driver=on_driver)]
+
+
+# -- what a failed Spark job's text says: the reason given -----------------------------------------------------
+LONG_ERROR = "ValueError: " + "x" * 600
+
+
+@pytest.mark.parametrize("text, reason", [
+    # The Python error leads, not the JVM's and py4j's lines around it.
+    ("py4j.protocol.Py4JJavaError: An error occurred while calling o42.collectToPython.\n"
+     ": org.apache.spark.SparkException: Job aborted due to stage failure\n"
+     "java.lang.RuntimeException: the Python task failed\n"
+     "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+     "  File \"train.py\", line 3, in train\nKeyError: 'features'", "KeyError: 'features'"),
+    # Without one: the first line that names an exception or a loss, else the first line.
+    ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage.\n"
+     "Lost task 1.0 in stage 3.0 (TID 7) (10.0.0.5 executor 1): TaskKilled (killed by the driver)",
+     "Lost task 1.0 in stage 3.0 (TID 7) (10.0.0.5 executor 1): TaskKilled (killed by the driver)"),
+    ("Job aborted due to stage failure: Task serialization failed\n"
+     "org.apache.spark.SparkException: java.io.NotSerializableException: MyModel",
+     "org.apache.spark.SparkException: java.io.NotSerializableException: MyModel"),
+    ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage.\n"
+     "Command exited with code 1", "Job aborted due to stage failure: Could not recover from a failed barrier "
+     "ResultStage."),
+    ("", "Py4JJavaError"),  # no text at all: the error's type
+    # A module missing on the executors: what to set.
+    ("ModuleNotFoundError: No module named 'torch'", "ModuleNotFoundError: No module named 'torch' (the executors' "
+     "Python lacks spark_dist's packages: set PYSPARK_PYTHON or spark.executorEnv.PYSPARK_PYTHON to a Python that "
+     "has spark_dist installed)"),
+    (LONG_ERROR, LONG_ERROR[:500]),  # at most 500 characters
+])
+def test_a_failed_spark_job_is_told_by_its_most_telling_line(text, reason):
+    [failure] = outcome_of(seen(job_error=JobError("Py4JJavaError", text), tasks=(), ranks=())).failures
+    assert failure.message == f"its Spark task failed: {reason}"
+
+
+def test_a_failed_tasks_rank_gets_its_reason_cut_to_500_characters_too():
+    error = JobError("Py4JJavaError", f"Stage failed because barrier task ResultTask(3, 1) finished "
+                                      f"unsuccessfully.\n{LONG_ERROR}")
+    [failure] = outcome_of(seen(job_error=error)).failures
+    assert failure.rank == 1 and failure.message == f"its Spark task failed: {LONG_ERROR[:500]}"
+
+
+def test_the_report_keeps_the_end_of_a_long_spark_error_where_its_cause_is():
+    text = "org.apache.spark.SparkException: Job aborted\n" + "\tat org.apache.spark.scheduler.DAGScheduler." \
+        "failJobAndIndependentStages(DAGScheduler.scala:2898)\n" * 60 + "Caused by: java.io.IOException: disk full"
+    [failure] = outcome_of(seen(job_error=JobError("Py4JJavaError", text))).failures
+    assert failure.traceback == text[-4000:] and len(failure.traceback) == 4000

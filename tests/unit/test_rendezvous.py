@@ -70,6 +70,30 @@ def test_task_layout_makes_each_one_gpu_task_a_node_as_pyspark_does():
     assert [r.cuda_visible_devices for r in ranks] == ["1", "0", "0"]  # only the task's own GPU
 
 
+def test_gpu_numbers_order_numerically_and_gpu_names_after_them():
+    # GPU 10 comes after GPU 9; a discovery script may give names (UUIDs): those sort by name, after the numbers.
+    ranks = assign_ranks([TaskInfo(0, "h", ("10",)), TaskInfo(1, "h", ("9",)), TaskInfo(2, "h", ("GPU-b",)),
+                          TaskInfo(3, "h", ("GPU-a",))])
+    assert [r.local_rank for r in ranks] == [1, 0, 3, 2]
+    assert ranks[0].cuda_visible_devices == "9,10,GPU-a,GPU-b"
+    assert [r.gpus for r in ranks] == [("10",), ("9",), ("GPU-b",), ("GPU-a",)]  # each rank's own
+
+
+def test_task_layout_keeps_the_order_spark_lists_a_tasks_gpus_in():
+    # One Spark task holding GPUs "1" and "0", listed in that order, runs two slots.
+    tasks = [TaskInfo(0, "h", ("1",), "h:1", 0), TaskInfo(1, "h", ("0",), "h:1", 0)]
+    by_task = assign_ranks(tasks, "task")
+    assert [(r.rank, r.local_rank) for r in by_task] == [(0, 0), (1, 1)] and by_task[0].cuda_visible_devices == "1,0"
+    by_host = assign_ranks(tasks)  # a host's slots go by GPU number
+    assert [(r.rank, r.local_rank) for r in by_host] == [(1, 1), (0, 0)] and by_host[0].cuda_visible_devices == "0,1"
+
+
+def test_cross_rank_counts_only_the_nodes_that_have_that_local_rank():
+    # Horovod's cross ranks: host "a" runs two slots, host "b" one, so local rank 1 exists on "a" alone.
+    ranks = assign_ranks([TaskInfo(0, "a"), TaskInfo(1, "a"), TaskInfo(2, "b")])
+    assert [(r.local_rank, r.cross_rank, r.cross_size) for r in ranks] == [(0, 0, 2), (1, 0, 1), (0, 1, 2)]
+
+
 def test_listener_binds_the_given_address_only():
     sock = bind_listener("127.0.0.1")
     try:

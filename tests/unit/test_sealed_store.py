@@ -1,9 +1,11 @@
 """The run's store seals every value: a peer who reaches the port reads nothing, forges nothing, names no key."""
 import pickle
+import threading
+import time
 
 import pytest
 
-from spark_dist.wire.sealed_store import FORGED, SealedStore, host_store, join_store
+from spark_dist.wire.sealed_store import EMPTY, FORGED, SealedStore, host_store, join_store
 from spark_dist.wire.sealing import Sealer, lane_run_secret, prefix_token
 
 SECRET = bytes(range(32))
@@ -68,9 +70,29 @@ def test_two_seals_of_one_value_differ():
     assert sealer.seal("k", b"same") != sealer.seal("k", b"same")  # a fresh nonce each
 
 
-def test_a_short_secret_is_refused():
-    with pytest.raises(ValueError, match="16 random bytes"):
-        Sealer(b"short")
+def test_a_secret_needs_16_bytes_at_least():
+    with pytest.raises(ValueError, match="^a sealing secret must hold at least 16 random bytes$"):
+        Sealer(b"x" * 15)
+    blob = Sealer(b"x" * 16).seal("k", b"enough")
+    assert Sealer(b"x" * 16).open_sealed("k", blob) == b"enough"
+
+
+def test_the_sealed_format_is_the_documented_one():
+    """``VERSION | key id | nonce | AES-256-GCM ciphertext and tag``, each key HKDF-SHA256 of the secret with info
+    ``spark_dist/<purpose>`` (the module's docstring): one key per purpose, none shared."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    def key(purpose, length):
+        return HKDF(algorithm=hashes.SHA256(), length=length, salt=None,
+                    info=f"spark_dist/{purpose}".encode()).derive(SECRET)
+
+    blob = Sealer(SECRET).seal("p/task/1", b"where I run")
+    assert blob[:1] == b"\x01" and blob[1:9] == key("key id", 8)
+    assert AESGCM(key("value key", 32)).decrypt(blob[9:21], blob[21:], b"p/task/1") == b"where I run"
+    assert prefix_token(SECRET) == key("key prefix", 16).hex()
+    assert lane_run_secret(SECRET, "r", 2) == key("lane run/r/2", 32)
 
 
 def test_a_lane_run_secret_is_its_own_per_run_and_attempt():
@@ -88,3 +110,70 @@ def test_a_strangers_add_on_a_sealed_value_leaves_the_store_serving(store_port):
         stranger.add(ours.key("ended/0"), 1)
     assert ours.get("ended/0") is True
     assert SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p").get("ended/0") is True
+
+
+def test_values_written_at_once_are_read_back_each_under_its_own_key(store_port):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    ours.put_many({"assignment/0": "rank 0", "assignment/1": "rank 1"})
+    assert ours.get_many(["assignment/0", "assignment/1"]) == ["rank 0", "rank 1"]
+    assert ours.get("assignment/1") == "rank 1"
+
+
+def test_a_deleted_value_is_gone_and_deleting_it_again_is_fine(store_port):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    ours.put("ended/0", True)
+    ours.put("ended/1", True)
+    ours.delete("ended/0")
+    assert not ours.has("ended/0") and ours.lookup("ended/0", "absent") == "absent" and ours.has("ended/1")
+    ours.delete("ended/0")
+
+
+def test_a_counter_is_unsealed_a_hint_anyone_can_move(store_port):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    assert [ours.counter("arrived"), ours.counter("arrived"), ours.counter("arrived", 0)] == [1, 2, 2]
+    join_store("127.0.0.1", store_port, 10).add(ours.key("arrived"), 40)  # a stranger who found its key
+    assert ours.counter("arrived", 0) == 42
+
+
+def test_a_queue_pops_oldest_first_then_says_it_is_empty(store_port):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    ours.push("failures", "first")
+    ours.push("failures", "second")
+    assert ours.queue_len("failures") == 2
+    assert [ours.pop("failures"), ours.pop("failures"), ours.pop("failures")] == ["first", "second", EMPTY]
+    assert (repr(EMPTY), repr(FORGED)) == ("EMPTY", "FORGED")  # how they show in a log line
+
+
+def test_wait_for_returns_a_value_once_another_process_puts_it(store_port):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    driver = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    later = threading.Timer(0.3, driver.put, ("assignment/0", "rank 0"))
+    later.start()
+    try:
+        assert ours.wait_for("assignment/0", 10) == "rank 0"
+    finally:
+        later.join()
+    assert ours.wait_for("assignment/0", 0.5) == "rank 0"  # already there: at once, whatever the timeout
+
+
+def test_wait_for_waits_past_a_forged_value_until_ours_replaces_it(store_port):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    join_store("127.0.0.1", store_port, 10).set(ours.key("abort"), b"\x01" + b"\0" * 40)  # a stranger's
+    driver = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    later = threading.Timer(0.3, driver.put, ("abort", "timeout"))
+    later.start()
+    try:
+        assert ours.wait_for("abort", 10) == "timeout"
+    finally:
+        later.join()
+
+
+@pytest.mark.parametrize("forged", [False, True])
+def test_wait_for_gives_up_after_its_timeout(store_port, forged):
+    ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
+    if forged:  # a value that never opens is no value
+        join_store("127.0.0.1", store_port, 10).set(ours.key("abort"), b"forged")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="^waited 1s for 'abort' in the run's store$"):
+        ours.wait_for("abort", 1)
+    assert 1 <= time.monotonic() - started < 5

@@ -39,6 +39,28 @@ def test_forged_and_replayed_records_are_dropped_and_cost_one_pop_each(stores):
     assert log.take() == ["second"] and log.dropped == 2
 
 
+def test_a_replayed_record_is_dropped_and_the_take_goes_on_past_it(stores):
+    reader, writer = stores
+    log, mine = StoreLog(reader, "reports"), StoreLog(writer, "reports", "rank0")
+    mine.append("first")
+    blob = reader.raw.queue_pop(reader.key("reports"), False)
+    reader.raw.queue_push(reader.key("reports"), blob)
+    assert log.take() == ["first"]
+    reader.raw.queue_push(reader.key("reports"), blob)  # seen on the wire, pushed again
+    mine.append("second")
+    assert log.take() == ["second"] and log.dropped == 1
+
+
+def test_a_sealed_value_that_is_no_record_is_dropped_not_taken(stores):
+    # Sealed with the run's secret, but not (writer, number, value): a writer of another version, or a bug.
+    reader, writer = stores
+    for odd in ["not a record", ("rank0", 1), (0, 1, "x"), ("rank0", "1", "x")]:
+        writer.push("reports", odd)
+    StoreLog(writer, "reports", "rank0").append("real")
+    log = StoreLog(reader, "reports")
+    assert log.take() == ["real"] and log.dropped == 4
+
+
 def test_one_take_pops_a_bounded_number_whatever_was_pushed(stores):
     reader, writer = stores
     for _ in range(TAKE_LIMIT + 5):
