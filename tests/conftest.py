@@ -126,11 +126,26 @@ def _shutdown():
         stop_gateway()  # also covers a SparkContext a test made by itself
 
 
+JOB_GRACE_S = 30  # a cancelled job (a lane closing, a run's cancel) ends a little after run() returned
+
+
 def _session(manager, kind):
+    """The shared session of ``kind``; after the test, no job of it may still run: one left running (a lane left
+    open, a run's job not cancelled) would hold the slots the next test waits for. It is cancelled, and the
+    test that left it fails in its teardown, naming the jobs' groups."""
     spark = manager.get(kind)
     yield spark
-    if manager.spark is spark and SparkContext._active_spark_context is spark.sparkContext:
-        spark.sparkContext.cancelAllJobs()  # a failed test may leave a job running
+    if manager.spark is not spark or SparkContext._active_spark_context is not spark.sparkContext:
+        return
+    tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + JOB_GRACE_S
+    while (left := list(tracker.getActiveJobsIds())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        store = spark.sparkContext._jsc.sc().statusStore()
+        groups = sorted({str(g.get() if (g := store.job(j).jobGroup()).isDefined() else None) for j in left})
+        spark.sparkContext.cancelAllJobs()
+        pytest.fail(f"Spark jobs {left} (groups {groups}) still ran {JOB_GRACE_S} s after the test: cancelled "
+                    "now", pytrace=False)
 
 
 @pytest.fixture

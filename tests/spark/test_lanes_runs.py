@@ -1,5 +1,6 @@
 """Lanes (spark_dist.driver.lanes) under a tuning study on real Spark: a failed trial is retried on a new lane,
-whether its lane lived on or its job was lost; where spark.dist.storePort has no ports to spare, each trial is
+whether its lane lived on or its job was lost; a trial preempted (its worker decommissioned) goes on from its
+checkpoint on a new lane, on the executor left, and the cluster serves the next test whole; where spark.dist.storePort has no ports to spare, each trial is
 a job of its own; a run of this process that waits for slots gets them between two trials, not after the study.
 (That trials share a lane's job and its warm workers: tests/spark/test_tune_runs.py.)"""
 import os
@@ -110,3 +111,78 @@ def test_a_run_waiting_for_slots_gets_them_between_two_trials(spark_local, tmp_p
     run_start = min(float(p.read_text().split()[0]) for p in run_dir.iterdir())
     last_trial_start = max(float(p.read_text().split()[0]) for p in trials_dir.iterdir())
     assert run_start < last_trial_start  # it ran between two trials, not after the study
+
+
+def paced_steps(steps, marker_dir):
+    """``steps`` checkpointed steps of 0.25 s (0.05 s after the first attempt): rank 0 stops at a checkpoint
+    when its executor is being decommissioned. Each step leaves a marker ``<attempt>-<step>`` holding the rank's
+    pid."""
+    ctx = get_context()
+    state = ctx.load_checkpoint() or {"step": 0}
+    for step in range(state["step"], steps):
+        time.sleep(0.25 if ctx.attempt == 0 else 0.05)
+        with open(os.path.join(marker_dir, f"{ctx.attempt}-{step + 1}"), "w") as f:
+            f.write(str(os.getpid()))
+        ctx.save_checkpoint({"step": step + 1})
+    return float(ctx.attempt)
+
+
+def worker_of(cluster, pid):
+    """The standalone worker whose executor the process ``pid`` descends from."""
+    import psutil
+
+    ancestors = {p.pid for p in psutil.Process(pid).parents()}
+    [worker] = [i for i in range(len(cluster.workers)) if ancestors & set(cluster.executor_pids(worker=i))]
+    return worker
+
+
+def test_a_preempted_trial_goes_on_from_its_checkpoint_on_a_new_lane(spark_standalone, standalone_cluster,
+                                                                      tmp_path):
+    import collections
+
+    import psutil
+
+    from spark_dist.spark import session
+
+    cluster, seen = standalone_cluster, {}
+
+    def decommission_under_the_trial():
+        try:
+            deadline = time.monotonic() + 120
+            while not (tmp_path / "0-2").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["worker"] = worker_of(cluster, int((tmp_path / "0-2").read_text()))
+            executor = psutil.Process(cluster.executor_pids(worker=seen["worker"])[0])
+            os.kill(cluster.worker_pids[seen["worker"]], signal.SIGPWR)  # what sbin/decommission-worker.sh sends
+            while not list(tmp_path.glob("1-*")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if list(tmp_path.glob("1-*")):  # the next attempt runs: its worker is known before this one goes
+                seen["next worker"] = worker_of(cluster, int(next(tmp_path.glob("1-*")).read_text()))
+            executor.wait(timeout=30)
+            cluster.replace_worker(seen["worker"])
+        except BaseException as exc:  # noqa: BLE001 -- said by the test's assertions
+            seen["error"] = repr(exc)
+
+    operator = threading.Thread(target=decommission_under_the_trial, daemon=True)
+    operator.start()
+    study = optuna.create_study()
+    optimize(study, lambda t: (paced_steps, (40, str(tmp_path))), 1, max_concurrent=1)
+    operator.join(180)
+    [trial] = study.trials
+    assert "error" not in seen, seen["error"]
+    assert trial.state.name == "COMPLETE"
+    # One preemption, one restart (not a retry: max_retries=0), matched by executor: the neighbour executor on the
+    # same host never counts. Attempt 1 went on from attempt 0's last checkpoint, on a new lane, on the executor
+    # of the other worker.
+    steps = collections.defaultdict(list)
+    for marker in tmp_path.glob("*-*"):
+        attempt, step = map(int, marker.name.split("-"))
+        steps[attempt].append(step)
+    assert trial.value == 1.0 and sorted(steps) == [0, 1] and max(steps[1]) == 40
+    assert min(steps[1]) == max(steps[0]) + 1
+    assert trial.user_attrs["spark_dist_lane"].endswith("-2")
+    assert seen["next worker"] != seen["worker"]
+    deadline = time.monotonic() + 90  # the replaced worker's executor back: the cluster serves the next test whole
+    while session.task_slots(spark_standalone) != 2:
+        assert time.monotonic() < deadline, "the replaced worker's executor did not join"
+        time.sleep(0.2)

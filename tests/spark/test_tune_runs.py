@@ -16,9 +16,12 @@ optuna = pytest.importorskip("optuna")
 
 
 def timed_trial(x, log_dir, hold=1.0):
-    """Records when it ran (and which cache it read); fails for x == 3; returns x squared (rank 0's)."""
+    """Records when it ran (and which cache it read); fails for x == 3; returns x squared (rank 0's). Each of
+    the first two trials to start waits for the other to start too (60 s at most) before its ``hold``: whether
+    two run at once then depends on the slots, not on how fast this machine launches them."""
     ctx = get_context()
     start = time.time()
+    meet_at_once(log_dir, f"x{x}-rank{ctx.rank}", 2)
     rows = sum(len(batch["v"]) for batch in ctx.loader("points", batch_size=8, drop_last=False)) \
         if "points" in ctx.datasets else 0
     time.sleep(hold)
@@ -31,9 +34,23 @@ def timed_trial(x, log_dir, hold=1.0):
     return float(x * x) + ctx.rank
 
 
+def meet_at_once(log_dir, me, count, timeout=60.0):
+    """Mark ``me`` as started; if fewer than ``count`` had started, wait until ``count`` have (or ``timeout``)."""
+    starts = os.path.join(log_dir, "starts")
+    os.makedirs(starts, exist_ok=True)
+    open(os.path.join(starts, me), "w").close()
+    if len(os.listdir(starts)) > count:
+        return
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(starts)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def intervals(log_dir):
     out = []
     for name in os.listdir(log_dir):
+        if name == "starts":
+            continue
         start, end, rows, cache = (open(os.path.join(log_dir, name)).read().split(" ") + [""])[:4]
         out.append((float(start), float(end), int(rows), cache))
     return out
@@ -147,7 +164,7 @@ def test_runs_from_threads_wait_their_turn_for_slots_and_fail_none(spark_local, 
 
 def test_trials_on_the_standalone_cluster(spark_standalone, tmp_path):
     study = grid(2, 3, 4)
-    optimize(study, objective(tmp_path, hold=2.5), 3)  # two 1-core executors: two 1-rank trials at once
+    optimize(study, objective(tmp_path), 3)  # two 1-core executors: two 1-rank trials at once
     assert sorted((t.state.name, t.value) for t in study.trials) == [
         ("COMPLETE", 4.0), ("COMPLETE", 16.0), ("FAIL", None)]
     assert most_at_once(intervals(tmp_path)) == 2
@@ -155,7 +172,7 @@ def test_trials_on_the_standalone_cluster(spark_standalone, tmp_path):
 
 def test_trials_under_spark_connect(spark_connect, tmp_path):
     study = grid(1, 3, 2)
-    optimize(study, objective(tmp_path, hold=2.5), 3, metric="loss")
+    optimize(study, objective(tmp_path), 3, metric="loss")
     trials = sorted(study.trials, key=lambda t: t.number)
     assert [(t.state.name, t.value) for t in trials] == [("COMPLETE", 1.0), ("FAIL", None), ("COMPLETE", 4.0)]
     assert trials[0].intermediate_values == {0: 1.0}  # rank 0's report, relayed with the job's end
@@ -187,7 +204,8 @@ def test_ctrl_c_cancels_the_running_trials_jobs(spark_local, tmp_path):
 def gpu_trial(x, log_dir):
     ctx = get_context()
     start = time.time()
-    time.sleep(2.5)
+    meet_at_once(log_dir, f"x{x}-rank{ctx.rank}", 2)
+    time.sleep(1.0)
     with open(os.path.join(log_dir, f"x{x}-rank{ctx.rank}"), "w") as f:
         f.write(f"{start} {time.time()} 0")
     return float(ctx.gpus[0])  # the (fake) GPU this trial's rank was given
