@@ -200,3 +200,120 @@ def test_a_dealt_epoch_draws_the_augmentation_the_uninterrupted_one_drew_for_eac
             assert len(got) == len(expected)
             for g, e in zip(got, expected):
                 assert torch.equal(g["id"], e["id"]) and torch.equal(g["noise"], e["noise"])
+
+
+def test_where_each_dealt_unit_comes_from_and_the_readers_that_make_them():
+    from spark_dist.data.read.dealt_epoch import epoch_units, origins, reads
+
+    # 1,000 rows on 4 ranks in batches of 24: 10 batches each with drop_last (250 rows), else 11: 40 or 44 units.
+    assert (epoch_units(1000, 4, 24, True), epoch_units(1000, 4, 24, False)) == (40, 44)
+    # After 3 steps of 4 ranks (12 units), new rank 0 of 3 takes units 12, 15, 18, ...: batch 3 of old rank 0,
+    # batch 3 of old rank 3, batch 4 of old rank 2, ...
+    assert origins(40, 12, 4, 3, 0, True)[:4] == [(0, 3), (3, 3), (2, 4), (1, 5)]
+    # Consecutive batches of one old rank are made by one reader; a gap or another rank opens the next.
+    assert reads([(2, 3), (2, 4), (2, 5), (0, 6), (0, 8), (1, 8), (1, 9)]) == [
+        (2, 3, 3), (0, 6, 1), (0, 8, 1), (1, 8, 2)]
+    assert reads([]) == []
+    # Nothing left to deal: no step, with or without drop_last (nor past the end).
+    assert steps(40, 40, 3, drop_last=False) == steps(40, 40, 3, drop_last=True) == steps(40, 41, 3, False) == 0
+    assert steps(40, 39, 3, drop_last=False) == 1 and steps(40, 39, 3, drop_last=True) == 0
+
+
+def test_the_place_of_a_state_counts_units_of_the_world_its_epoch_began_on():
+    from spark_dist.data.read.dealt_epoch import deals_evenly, place
+
+    whole = {"epoch": 2, "batches": 3, "world_size": 4, "num_rows": 1000, "batch_size": 24, "drop_last": True}
+    assert place(whole) == (4, 12)
+    dealt = {**whole, "world_size": 3, "batches": 2, "origin": {"world_size": 4, "position": 18}}
+    assert place(dealt) == (4, 18)
+    # 22 of the 40 units left: even on 2 ranks (and on 11), not on 3 or 4.
+    assert [n for n in range(1, 12) if deals_evenly(dealt, n)] == [1, 2, 11]
+    # Without drop_last the epoch has 44 units: 26 left.
+    assert [n for n in range(1, 14) if deals_evenly({**dealt, "drop_last": False}, n)] == [1, 2, 13]
+
+
+def test_shrunk_then_grown_back_off_a_step_boundary_each_rank_reads_one_run(small_dataset, monkeypatch):
+    # 4 ranks take 3 steps (12 units), 2 ranks take one more (14): 4 ranks again go on from unit 14, where each
+    # rank's units are consecutive batches of one old rank, made by one reader.
+    from spark_dist.data.read import loader as loader_module
+    from spark_dist.data.read.dealt_epoch import places, reads
+
+    four = loaders(small_dataset, 4)
+    before, _ = take(four, 3)
+    two = loaders(small_dataset, 2)
+    for loader in two:
+        loader.load_state_dict(four[0].state_dict())
+    middle, its = take(two, 1)
+    state = two[0].state_dict()
+    for it in its:
+        it.close()
+    assert state["origin"] == {"world_size": 4, "position": 14}
+    regrown = loaders(small_dataset, 4)
+    for loader in regrown:
+        loader.load_state_dict(state)
+    assert [reads(places(loader, 4, 14)) for loader in regrown] == [
+        [(2, 3, 6)], [(3, 3, 6)], [(0, 4, 6)], [(1, 4, 6)]]  # 6 steps each; units 38 and 39 left out
+    readers = []
+    real = loader_module.ShardLoader._peer
+    monkeypatch.setattr(loader_module.ShardLoader, "_peer",
+                        lambda self, *args: readers.append(real(self, *args)) or readers[-1])
+    after = [list(loader) for loader in regrown]
+    assert len(readers) == 4
+    uninterrupted = [list(loader) for loader in loaders(small_dataset, 4)]
+    for r, (old, first) in enumerate([(2, 3), (3, 3), (0, 4), (1, 4)]):
+        assert batches_equal(after[r], uninterrupted[old][first:first + 6])
+    everything = ids(b for rank in before + middle + after for b in rank)
+    assert len(everything) == len(set(everything)) == 38 * 24
+
+
+def test_a_dealt_epochs_batches_with_where_each_belongs_and_the_readers_times(small_dataset, monkeypatch):
+    from spark_dist.data.read import loader as loader_module
+    from spark_dist.data.read.dealt_epoch import dealt_batches, places
+
+    four = loaders(small_dataset, 4)
+    uninterrupted = [list(loader) for loader in four]
+    two = loaders(small_dataset, 2)[1]
+    readers = []
+    real = loader_module.ShardLoader._peer
+    monkeypatch.setattr(loader_module.ShardLoader, "_peer",
+                        lambda self, *args: readers.append(real(self, *args)) or readers[-1])
+    got = list(dealt_batches(two, 2, 4, 12))
+    # Rank 1 of 2 takes units 13, 15, 17, ...: batches 3 to 9 of old ranks 1 and 3 in turn, 14 steps.
+    assert [where for where, _ in got] == places(two, 4, 12) == [(r, b) for b in range(3, 10) for r in (1, 3)]
+    assert batches_equal([batch for _, batch in got], [uninterrupted[r][b] for r, b in places(two, 4, 12)])
+    # Each reader's waiting and reading add up in the loader the training loop holds.
+    assert len(readers) == len(got) > 1
+    assert two.wait_seconds == pytest.approx(sum(r.wait_seconds for r in readers)) and two.wait_seconds > 0
+    assert two.read_seconds == pytest.approx(sum(r.read_seconds for r in readers)) and two.read_seconds > 0
+
+
+def test_progress_in_a_dealt_epoch_counts_its_steps(small_dataset):
+    four = loaders(small_dataset, 4)
+    take(four, 3)
+    three = loaders(small_dataset, 3)[0]
+    three.load_state_dict(four[0].state_dict())
+    seen = []
+    three.on_progress = lambda epoch, batches, total: seen.append((epoch, batches, total))
+    list(three)
+    assert seen == [(2, b, 9) for b in range(1, 10)]  # 28 units left on 3 ranks: 9 steps
+    kept = loaders(small_dataset, 3, drop_last=False)[0]
+    kept.load_state_dict({**four[0].state_dict(), "drop_last": False, "batches": 3})
+    kept.on_progress = lambda epoch, batches, total: seen.append((epoch, batches, total))
+    list(kept)
+    assert seen[9:] == [(2, b, 11) for b in range(1, 12)]  # 44 - 12 = 32 units: 11 steps, one filled from the start
+
+
+def test_a_checkpoint_lists_its_loaders_states_without_asking_anything_else_for_its_state(small_dataset):
+    from spark_dist.data.read.dealt_epoch import loader_states
+
+    class ShardedModel(torch.nn.Linear):
+        def state_dict(self, *args, **kwargs):  # FSDP's: a collective, which rank 0 alone must not enter
+            raise AssertionError("state_dict called on rank 0 alone")
+
+    class Stream:
+        handle = "a file handle"  # something with a handle but no state: not a loader
+
+    one = make_loader(small_dataset, rank=0, world_size=1, batch_size=24)
+    checkpoint = {"model": ShardedModel(2, 2), "optimizer": {"state": {}}, "stream": Stream(), "loader": one,
+                  "saved": one.state_dict(), "step": 7}
+    assert loader_states(checkpoint) == [one.state_dict(), one.state_dict()]
