@@ -695,7 +695,8 @@ MUTATION = [
     "",
     "mutmut 3.8.1 on 2026-11-29 (2 cores, shared): each mutant of a module's functions run against the module's "
     "unit tests (setup.cfg's selection); a mutant whose tests hang counts as killed (5 before, 4 after, all in "
-    "`sealed_store.py`).",
+    "`sealed_store.py`; of the loader's pure parts, 6 before and after: 5 in `epoch_order.shard_pieces` and 1 in "
+    "`loader_state.windows_to_read`, each a loop that no longer ends).",
     "",
     "| Module | Mutants | Killed before | Killed after |",
     "|---|---|---|---|",
@@ -705,6 +706,9 @@ MUTATION = [
     "| `wire/sealing.py` | 76 | 62 (82%) | 74 (97%) |",
     "| `wire/sealed_store.py` | 249 | 138 (55%) | 234 (94%) |",
     "| `wire/protocol.py`, `wire/lanes.py` | 0 | - | - |",
+    "| `data/read/epoch_order.py` | 167 | 147 (88%) | 161 (96%) |",
+    "| `data/read/dealt_epoch.py` | 214 | 185 (86%) | 213 (99.5%) |",
+    "| `data/read/loader_state.py` | 318 | 259 (81%) | 313 (98%) |",
     "",
     "`protocol.py` and `lanes.py` give no mutant: mutmut 3 mutates only inside functions, and theirs build keys "
     "with f-strings, which it leaves alone. The survivors:",
@@ -721,12 +725,23 @@ MUTATION = [
     "`check` shortcut on a wrong key, and `wait` given no timeout (it raises, is caught, and the loop polls: the "
     "same values, more round trips); a forged value polled every 1.05 s, or at least 0.05 s past the deadline "
     "(later, not different). `StoreLog`: the default writer name (only readers leave it unset) and numbering "
-    "from 2 (a reader compares a writer's numbers only with each other).",
+    "from 2 (a reader compares a writer's numbers only with each other). `epoch_order`: `dtype=np.int64` left "
+    "out or None in `shard_pieces` and `block_runs` (numpy's default integer here; an empty list comes as floats, "
+    "but its total of 0 reads nothing); `total == 0 or per_rank == 0` made `and` (no rows gives 0 rows per rank, "
+    "and 0 rows per rank takes no turn of the loop: `([], 0)` all the same); `searchsorted` without "
+    "`side=\"right\"` in `shard_pieces` (a start on a row group's end finds that group, whose piece is empty and "
+    "skipped). `loader_state.state_of`: `getattr(loader, \"_dealt\")` without its default (every loader is a "
+    "`Resumable`, whose class sets it). `checked_state`: the loader's own state taken at epoch 1 or batch 1 (only "
+    "the keys that do not depend on the place are compared). `windows_to_read`: `first >= 0` for `> 0` (window 0 "
+    "has nothing carried in), and the `stop` window searched from window 0 instead of `first` (the starts of the "
+    "windows only grow: a window before `first` that starts at or after `stop` means `first` does too, and both "
+    "read nothing).",
     "- **Only for inputs no caller gives.** `outcome._after`: `f.seq or 0` made `or 1` (every failure the "
     "coordinator passes on is numbered from 1); `outcome._digits_masked`: `#` made `XX#XX` (differs only when one "
     "rank's message has a `#` where another's has a number); `ranks.assign_ranks`: `\"\"` made `\"XXXX\"` for a "
     "slot without a GPU (differs only on a host mixing slots with and without GPUs, which Spark never gives one "
-    "run).",
+    "run). `dealt_epoch.loader_states`: the five keys looked for `<` a value's keys for `<=` (differs only on a "
+    "dict of exactly those five; a loader's `state_dict()` holds ten or more).",
     "- **Out of mutmut's reach.** `sealed_store._Marker.__init__` with `name=None`: `EMPTY` and `FORGED` are built "
     "at import, before mutmut switches a mutant on (`test_sealed_store.py` checks their names).",
     "",
