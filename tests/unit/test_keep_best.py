@@ -10,11 +10,10 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.multiprocessing as mp  # noqa: E402
 
 from spark_dist.task.context import TrainContext  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
-from tests.free_ports import free_ports  # noqa: E402
+from tests.unit.gloo_ranks import run_ranks  # noqa: E402
 
 NAN, INF = math.nan, math.inf
 
@@ -85,26 +84,6 @@ def test_a_marker_missing_a_field_is_skipped_as_torn_with_a_warning(tmp_path, ca
 
 
 # -- two ranks: only rank 0 reports the metric ----------------------------------------------------------------
-def _rank(rank, world_size, port, directory, scenario, out):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    reports = []
-    ctx = TrainContext(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size, node_rank=0,
-                       attempt=0, run_id="r", host="h", checkpoint_dir=directory, _reporter=reports.append)
-    result = scenario(ctx)
-    ctx.wait_for_checkpoints()
-    torch.save({"result": result, "reports": reports}, f"{out}.{rank}")
-    dist.barrier()
-    os._exit(0)  # without tearing gloo down, as a spark_dist rank leaves (see test_sharded_checkpoints.py)
-
-
-def run_two(directory, scenario, tmp_path):
-    out = str(tmp_path / f"out-{scenario.__name__}")
-    mp.start_processes(_rank, args=(2, free_ports(1), directory, scenario, out), nprocs=2, start_method="spawn")
-    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
-
-
 def rank_zero_reports(ctx):
     model = torch.nn.Linear(2, 1)
     for i, loss in enumerate([NAN, 0.3, 0.5]):
@@ -122,7 +101,7 @@ def rank_zero_reports(ctx):
 
 def test_the_metric_is_rank_zeros_and_only_rank_zero_needs_to_report_it(tmp_path):
     directory = str(tmp_path / "run")
-    ranks = run_two(directory, rank_zero_reports, tmp_path)
+    ranks = run_ranks(2, directory, rank_zero_reports, tmp_path)
     assert [(c.seq, c.score) for c in sharded_checkpoints.committed(directory)] == [(2, 0.3), (3, 0.5)]
     for out in ranks:
         assert "metric 'acc' was never reported by rank 0" in out["result"]

@@ -7,13 +7,12 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.multiprocessing as mp  # noqa: E402
 from torch.multiprocessing.spawn import ProcessException  # noqa: E402
 
 from spark_dist.task.context import TrainContext  # noqa: E402
 from spark_dist.errors import ConfigError  # noqa: E402
 from spark_dist.task import sharded_checkpoints  # noqa: E402
-from tests.free_ports import free_ports  # noqa: E402
+from tests.unit.gloo_ranks import run_ranks  # noqa: E402
 
 
 def sharded_mlp(world_size, seed=0):
@@ -41,35 +40,15 @@ def step(model, optimizer, seed):
     optimizer.step()
 
 
-def _rank(rank, world_size, port, directory, scenario, out):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    reports = []
-    ctx = TrainContext(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size, node_rank=0,
-                       attempt=0, run_id="r", host="h", checkpoint_dir=directory, _reporter=reports.append)
-    model = sharded_mlp(world_size)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    result = scenario(ctx, model, optimizer)
-    ctx.wait_for_checkpoints()  # what a rank does when the training function returns
-    if rank == 0:
-        torch.save({"result": result, "reports": reports}, out)
-    # Every rank is done, then each leaves without tearing gloo down, as a spark_dist rank does (exit_rank): a
-    # rank whose peer had already exited could abort (SIGABRT) in gloo's teardown.
-    dist.barrier()
-    os._exit(0)
+def sharded_training(ctx):
+    """The model and optimizer every scenario here trains: ``sharded_mlp`` over the ranks, with Adam."""
+    model = sharded_mlp(ctx.world_size)
+    return model, torch.optim.Adam(model.parameters(), lr=0.05)
 
 
-def run_ranks(world_size, directory, scenario, tmp_path):
-    """``scenario(ctx, model, optimizer)`` in each of ``world_size`` ranks; rank 0's return and reports."""
-    out = str(tmp_path / f"out-{world_size}-{scenario.__name__}.pt")
-    mp.start_processes(_rank, args=(world_size, free_ports(1), directory, scenario, out), nprocs=world_size,
-                       start_method="spawn")
-    return torch.load(out, weights_only=False)
-
-
-def train_and_save(ctx, model, optimizer):
+def train_and_save(ctx):
     """Three steps, a checkpoint after each (the last asynchronous, the weights changed right after it)."""
+    model, optimizer = sharded_training(ctx)
     saved = []
     for i in range(3):
         step(model, optimizer, seed=i)
@@ -82,14 +61,16 @@ def train_and_save(ctx, model, optimizer):
     return saved
 
 
-def resume_and_step(ctx, model, optimizer):
+def resume_and_step(ctx):
+    model, optimizer = sharded_training(ctx)
     state = ctx.load_checkpoint(into={"model": model, "optimizer": optimizer, "step": -1})
     loaded = full_weights(model)
     step(model, optimizer, seed=3)
     return {"step": state["step"], "loaded": loaded, "next": full_weights(model)}
 
 
-def four_steps(ctx, model, optimizer):
+def four_steps(ctx):
+    model, optimizer = sharded_training(ctx)
     for i in range(4):
         step(model, optimizer, seed=i)
     return full_weights(model)
@@ -97,19 +78,19 @@ def four_steps(ctx, model, optimizer):
 
 def test_saved_by_two_ranks_resumes_on_one_exactly(tmp_path):
     directory = str(tmp_path / "run")
-    two = run_ranks(2, directory, train_and_save, tmp_path)
+    two = run_ranks(2, directory, train_and_save, tmp_path)[0]
     kept = sharded_checkpoints.committed(directory)
     assert [c.seq for c in kept] == [2, 3]  # keep=2: the first was removed once the third was committed
     assert [r["_checkpoint"]["seq"] for r in two["reports"] if "_checkpoint" in r] == [1, 2, 3]
     assert two["reports"][-1]["_checkpoint"]["removed"] == [kept[0].path.replace("00000002", "00000001")]
 
-    one = run_ranks(1, directory, resume_and_step, tmp_path)  # resharded: every parameter whole on one rank
+    one = run_ranks(1, directory, resume_and_step, tmp_path)[0]  # resharded: every parameter whole on one rank
     assert one["result"]["step"] == 2
     for name, weight in two["result"][2].items():
         assert torch.equal(one["result"]["loaded"][name], weight), name
 
     # The optimizer's state came back too: the next step equals the one an uninterrupted single rank takes.
-    whole = run_ranks(1, str(tmp_path / "other"), four_steps, tmp_path)["result"]
+    whole = run_ranks(1, str(tmp_path / "other"), four_steps, tmp_path)[0]["result"]
     for name, weight in whole.items():
         assert torch.allclose(one["result"]["next"][name], weight, atol=1e-6), name
 
@@ -118,7 +99,8 @@ def test_saved_by_two_ranks_resumes_on_one_exactly(tmp_path):
     assert all(torch.equal(full["model"][k], w) for k, w in two["result"][2].items())
 
 
-def save_then_die_before_commit(ctx, model, optimizer):
+def save_then_die_before_commit(ctx):
+    model, optimizer = sharded_training(ctx)
     step(model, optimizer, seed=0)
     ctx.save_checkpoint({"model": model, "optimizer": optimizer, "step": 0})
     step(model, optimizer, seed=1)
@@ -127,7 +109,8 @@ def save_then_die_before_commit(ctx, model, optimizer):
     ctx.save_checkpoint({"model": model, "optimizer": optimizer, "step": 1})
 
 
-def resume_then_save(ctx, model, optimizer):
+def resume_then_save(ctx):
+    model, optimizer = sharded_training(ctx)
     state = ctx.load_checkpoint(into={"model": model, "optimizer": optimizer, "step": -1})
     ctx.save_checkpoint({"model": model, "optimizer": optimizer, "step": state["step"] + 1})
     return state["step"]
@@ -142,11 +125,12 @@ def test_a_save_cut_short_before_its_commit_is_never_loaded(tmp_path):
     assert ".metadata" in os.listdir(os.path.join(root, "00000002"))  # complete on disk, yet not committed
     assert [c.seq for c in sharded_checkpoints.committed(directory)] == [1]
 
-    assert run_ranks(2, directory, resume_then_save, tmp_path)["result"] == 0
+    assert run_ranks(2, directory, resume_then_save, tmp_path)[0]["result"] == 0
     assert sorted(os.listdir(root)) == ["00000001", "00000003"]  # the torn one went with the next commit
 
 
-def best_two_by_loss(ctx, model, optimizer):
+def best_two_by_loss(ctx):
+    model, optimizer = sharded_training(ctx)
     for i, loss in enumerate([3.0, 1.0, 2.0, 0.5, 4.0]):
         ctx.report(val_loss=loss)
         ctx.save_checkpoint({"model": model, "step": i}, sharded=True, keep=2, metric="val_loss")
@@ -156,7 +140,7 @@ def best_two_by_loss(ctx, model, optimizer):
 
 def test_keep_the_best_by_a_reported_metric_and_the_latest(tmp_path):
     directory = str(tmp_path / "run")
-    reports = run_ranks(2, directory, best_two_by_loss, tmp_path)["reports"]
+    reports = run_ranks(2, directory, best_two_by_loss, tmp_path)[0]["reports"]
     kept = sharded_checkpoints.committed(directory)
     assert [(c.seq, c.score) for c in kept] == [(2, 1.0), (4, 0.5), (5, 4.0)]  # best two, and the latest
     with open(os.path.join(kept[0].path, sharded_checkpoints.MARKER)) as f:
