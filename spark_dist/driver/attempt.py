@@ -56,16 +56,16 @@ class Sizes(NamedTuple):
 
 def launch_spec(config: RunConfig, attempt: int, job_bytes: bytes, handles, checkpoint_dir: str,
                 relay_output: str, store_host: str = "", store_port: int = 0, sizes: Sizes = Sizes(),
-                secret: Optional[bytes] = None) -> LaunchSpec:
+                secret: Optional[bytes] = None, executor_log: bool = True) -> LaunchSpec:
     """What every task of the attempt gets; a fresh secret (``secret``: the one a lane derives for it), so
     nothing of an earlier attempt can join. ``store_host``/``store_port``: where the driver hosts the store
-    (empty under Connect: the first task's)."""
+    (empty under Connect: the first task's). ``executor_log``: whether executors have logs of their own."""
     return LaunchSpec(
         run_id=config.run_id, attempt=attempt, store_host=store_host, store_port=store_port, job_bytes=job_bytes,
         secret=secret or os.urandom(32), use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
         checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
         backend=config.backend, max_result_bytes=config.max_result_bytes,
-        processes_per_task=config.processes_per_task, relay_output=relay_output,
+        processes_per_task=config.processes_per_task, relay_output=relay_output, executor_log=executor_log,
         remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config),
         initial_world_size=sizes.initial or config.num_processes, previous_world_size=sizes.previous,
         # Rank 0 stops at a checkpoint when the driver asks (a preemption, a grow): never in local mode.
@@ -99,8 +99,10 @@ class Attempt:
             self._listener = bind_in_range(config.bind_address, config.store_ports, CONF_STORE_PORT)
             host, port = config.driver_host, self._listener.getsockname()[1]
         secret = None if self.lane is None else self.lane.run_secret(config.run_id, attempt)
+        # On a classic local master the executor's streams are this console (under Connect, the server's).
+        executor_log = config.local_mode or self.store_in_task or not session.is_local_master(spark)
         self.spec = launch_spec(config, attempt, job_bytes, handles, checkpoint_dir, owner.log_ranks, host, port,
-                                sizes, secret)
+                                sizes, secret, executor_log)
         # What the driver watches for: a decommissioned executor under a rank, the missing ranks' slots.
         self.resize_check = elastic.watch(config, spark, sizes.initial or config.num_processes)
 

@@ -43,7 +43,8 @@ STDERR_TAIL_BYTES = 16 << 10
 def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor: bool = False) -> Iterator[Any]:
     """Rendezvous, run a child per slot, and yield their records: :class:`ResultChunk` (rank 0 only), then
     one :class:`TaskStatus` per slot. ``in_executor``: also pass the ranks' output on to this process's own
-    streams (the executor log); in local mode the driver shows the relayed lines, and nothing else."""
+    streams (the executor log, unless ``spec.executor_log`` says they are the driver's console); in local mode
+    the driver shows the relayed lines, and nothing else."""
     store = join_run_store(spec)
     for slot in slots:
         store.put(task_key(slot.task_index), slot)
@@ -208,7 +209,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     lines = output.LineBuffer() if output.relays(spec.relay_output, rank.rank) else None
 
     def log(stream):
-        return getattr(stream, "buffer", None) if in_executor else None
+        return getattr(stream, "buffer", None) if in_executor and spec.executor_log else None
 
     tail = output.StreamReader(child.stderr_fd, "stderr", lines, log(sys.stderr), tail_bytes=STDERR_TAIL_BYTES)
     readers = [tail, output.StreamReader(child.stdout_fd, "stdout", lines, log(sys.stdout))]

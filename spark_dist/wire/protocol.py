@@ -155,6 +155,9 @@ class LaunchSpec:
     max_result_bytes: int = 0  # spark.driver.maxResultSize (0: no bound)
     processes_per_task: int = 1  # ranks each Spark task runs (one per GPU of a multi-GPU task)
     relay_output: str = "all"  # whose printed lines the driver reads: "all", "rank0" or "none" (log_ranks)
+    # Whether the ranks' bytes also go to the executor's own streams, its log. Not on a local master, where
+    # those streams are the driver's console: the relay alone decides what shows there, each line once.
+    executor_log: bool = True
     # checkpoint_dir is the run's own default (a name under each host's private temp dir, see checkpoint_dirs):
     # each host removes its copy once the run succeeded. Never set for a given dir or a named run_id.
     remove_checkpoint_dir: bool = False

@@ -163,6 +163,10 @@ def test_torchrun_script_runs_unchanged_under_torchrun_and_spark_dist(tmp_path):
     assert f"resuming from epoch 3 of {snapshot}" in on_tasks.stdout
     assert "2 ranks (ddp, Spark barrier tasks) finished" in on_tasks.stdout
     assert_trained(load_snapshot(snapshot), epochs=4, starts=[0, 2, 3])
+    # Each line a rank prints shows once: the executor's own streams are this console on a local master.
+    console = (on_tasks.stdout + on_tasks.stderr).splitlines()
+    shown = [line for line in console if "epoch 3 loss" in line]
+    assert len(shown) == 1 and shown[0].startswith("[rank 0] epoch 3 loss"), shown
 
 
 # ------------------------------------------------------------------------------------------ local[2]
