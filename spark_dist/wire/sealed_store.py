@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from .sealing import Sealer, prefix_token
 
 _Bound = TypeVar("_Bound")
+WOKEN_WAIT_S = 5.0  # wait_for: a wait this long or longer is woken by the store; a shorter one polls
 
 
 def bind_listener(host: str, port: int = 0) -> socket.socket:
@@ -159,18 +160,25 @@ class SealedStore:
         return int(self.raw.queue_len(self.key(queue)))
 
     def wait_for(self, name: str, timeout: float):
-        """Wait until ``name`` holds a value we sealed and return it (the store wakes the waiter: no polling;
-        a forged value is waited past, polling then).
+        """Wait until ``name`` holds a value we sealed and return it. A wait of :data:`WOKEN_WAIT_S` or more
+        is woken by the store (no polling); a shorter one, and a forged value, are polled for.
 
         Raises:
             TimeoutError: no sealed value appeared within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
+        pause = 0.005
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"waited {timeout:.0f}s for {name!r} in the run's store")
             if not self.raw.check([self.key(name)]):
+                # torch's store prints two warnings on every wait that times out: a short wait, which its
+                # caller repeats as a matter of course, looks instead, so a console never fills with them.
+                if timeout < WOKEN_WAIT_S:
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 0.05)
+                    continue
                 try:
                     self.raw.wait([self.key(name)], timedelta(seconds=left))
                 except Exception:  # noqa: BLE001 -- torch's DistStoreError on its timeout: checked above

@@ -160,7 +160,7 @@ def test_wait_for_returns_a_value_once_another_process_puts_it(store_port, forge
 
 
 @pytest.mark.parametrize("forged", [False, True])
-def test_wait_for_gives_up_after_its_timeout(store_port, forged):
+def test_wait_for_gives_up_after_its_timeout_quietly(store_port, forged, capfd):
     ours = SealedStore(join_store("127.0.0.1", store_port, 10), SECRET, "p")
     if forged:  # a value that never opens is no value
         join_store("127.0.0.1", store_port, 10).set(ours.key("abort"), b"forged")
@@ -168,3 +168,6 @@ def test_wait_for_gives_up_after_its_timeout(store_port, forged):
     with pytest.raises(TimeoutError, match="^waited 1s for 'abort' in the run's store$"):
         ours.wait_for("abort", 1)
     assert 1 <= time.monotonic() - started < 5
+    # A short wait that times out is routine (the driver looks again): torch's store would print two
+    # "[c10d] waitForInput ... likely a timeout" lines for each one, on whatever console the process has.
+    assert "c10d" not in capfd.readouterr().err
