@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from ..data import prepare
 from ..task import checkpoint_dirs, output
-from ..spark import session
+from ..spark import session, worker_python
 from . import elastic, slots, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
@@ -124,6 +124,8 @@ class Distributor:
             local_gpu_addresses(config.num_processes, spark)
         if not config.local_mode and spark is None:
             raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
+        if not config.local_mode:
+            worker_python.check(spark)
         first_size = config.num_processes
         if config.elastic and not config.local_mode:
             first_size = elastic.first_size(config, spark, config.slot_wait_timeout)

@@ -1,6 +1,8 @@
 """Distributor.run on real Spark: functions, scripts, local mode, results, failures, concurrency."""
 import os
+import re
 import signal
+import sys
 import textwrap
 import threading
 import time
@@ -164,6 +166,23 @@ def test_more_processes_than_slots_fails_before_any_job(spark_local):
         assert jobs_started(spark_local) == jobs_before
     finally:
         spark_local.conf.unset("spark.dist.slotWaitTimeout")
+
+
+def test_workers_python_without_spark_dist_is_refused_before_any_job(spark_local, tmp_path, monkeypatch):
+    """A session started from a virtual environment's python without activating it: its workers run the
+    system's python3 (made here: the base interpreter without site-packages)."""
+    python3 = tmp_path / "python3"
+    python3.write_text(f"#!/bin/sh\nexec {sys._base_executable} -S \"$@\"\n")
+    python3.chmod(0o755)
+    monkeypatch.setattr(spark_local.sparkContext, "pythonExec", str(python3))  # what PYSPARK_PYTHON set
+    jobs_before = jobs_started(spark_local)
+    with pytest.raises(ConfigError) as info:
+        Distributor(num_processes=2, verbose=False).run(allreduce_and_describe, 1)
+    # spark_dist itself is found there only where it is in the working directory, as it is for this suite
+    assert re.match(re.escape(f"the Python workers of this Spark session (local[2]) run '{python3}', and {python3} "
+                              "cannot import ") + r"(spark_dist, )?torch\. ", str(info.value)), str(info.value)
+    assert f"Set PYSPARK_PYTHON={sys.executable} before the SparkSession starts" in str(info.value)
+    assert jobs_started(spark_local) == jobs_before
 
 
 def test_bad_train_object_is_refused_before_any_job(spark_local, tmp_path):
