@@ -160,6 +160,18 @@ _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _LOST = re.compile(r"(Python worker exited unexpectedly[^\n]*|ExecutorLostFailure[^\n]*)")
 
 
+def _task_traceback(text: str, limit: int = 4000) -> str:
+    """A failed Spark task's traceback: the Python one in Spark's text when there is one (from its first line to
+    the exception's, without the JVM's frames after it), else the last ``limit`` characters from a line's start."""
+    start = text.find("Traceback (most recent call last):")
+    if start >= 0:
+        lines = text[start:].splitlines()
+        end = next((i for i, line in enumerate(lines) if i and _PYTHON_ERROR.match(line)), len(lines) - 1)
+        return "\n".join(lines[:end + 1])[-limit:]
+    tail = text.rstrip("\n")[-limit:]
+    return tail[tail.find("\n") + 1:] if len(text.rstrip("\n")) > limit and "\n" in tail else tail
+
+
 def lost_task_failures(seen: AttemptEvidence) -> List[RankFailure]:
     """The Spark job failed with no rank report of its own (executor lost, task killed, the task's Python
     failed before its rank started). Name the rank of the failed barrier task when Spark says which it was,
@@ -179,7 +191,7 @@ def lost_task_failures(seen: AttemptEvidence) -> List[RankFailure]:
     if "No module named 'spark_dist'" in reason or "No module named 'torch'" in reason:
         reason += (" (the executors' Python lacks spark_dist's packages: set PYSPARK_PYTHON or "
                    "spark.executorEnv.PYSPARK_PYTHON to a Python that has spark_dist installed)")
-    details = dict(exc_type=seen.job_error.type_name, traceback=text[-4000:])
+    details = dict(exc_type=seen.job_error.type_name, traceback=_task_traceback(text))
     task = _BARRIER_TASK.search(text)
     failed = int(task.group(1)) if task else None
     # The failed Spark task's process slots (one, or one per GPU of a multi-GPU task).

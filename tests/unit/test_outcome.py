@@ -343,6 +343,19 @@ def test_a_failed_spark_job_is_told_by_its_most_telling_line(text, reason):
     assert failure.message == f"its Spark task failed: {reason}"
 
 
+def test_a_failed_tasks_traceback_is_its_python_traceback_not_the_jvms_frames():
+    python = ("Traceback (most recent call last):\n"
+              "  File \"/spark/python/pyspark/worker.py\", line 4207, in invoke_udf\n    func = read_udfs(\n"
+              "ModuleNotFoundError: No module named 'spark_dist'")
+    jvm = "".join(f"\tat org.apache.spark.scheduler.Frame{i}.run(Frame.scala:{i})\n" for i in range(200))
+    text = ("org.apache.spark.SparkException: Job aborted due to stage failure: Stage failed because barrier task "
+            f"ResultTask(3, 1) finished unsuccessfully.\norg.apache.spark.api.python.PythonException: "
+            f"[PYTHON_EXCEPTION] An exception was thrown from the Python worker: {python}\n SQLSTATE: 38000\n{jvm}"
+            f"Driver stacktrace:\n{jvm}")
+    [failure] = outcome_of(seen(job_error=JobError("Py4JJavaError", text))).failures
+    assert failure.traceback == python
+
+
 def test_a_failed_tasks_rank_gets_its_reason_cut_to_500_characters_too():
     error = JobError("Py4JJavaError", f"Stage failed because barrier task ResultTask(3, 1) finished "
                                       f"unsuccessfully.\n{LONG_ERROR}")
@@ -354,4 +367,6 @@ def test_the_report_keeps_the_end_of_a_long_spark_error_where_its_cause_is():
     text = "org.apache.spark.SparkException: Job aborted\n" + "\tat org.apache.spark.scheduler.DAGScheduler." \
         "failJobAndIndependentStages(DAGScheduler.scala:2898)\n" * 60 + "Caused by: java.io.IOException: disk full"
     [failure] = outcome_of(seen(job_error=JobError("Py4JJavaError", text))).failures
-    assert failure.traceback == text[-4000:] and len(failure.traceback) == 4000
+    # No Python traceback in it: its last 4000 characters, from the first whole line in them
+    assert failure.traceback.startswith("\tat org.apache.spark.scheduler.DAGScheduler.failJob")
+    assert text.endswith(failure.traceback) and 4000 - 100 < len(failure.traceback) <= 4000
