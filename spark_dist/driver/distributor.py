@@ -18,7 +18,7 @@ from ..spark import session, worker_python
 from . import elastic, slots, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
-from ..wire.protocol import LOG_KEY, REPORT_KEYS
+from ..wire.protocol import INPUT_STATS_KEY, LOG_KEY, REPORT_KEYS
 from ..task.sharded_checkpoints import CHECKPOINT_KEY
 from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
 from .attempt import Attempt, Sizes
@@ -325,8 +325,8 @@ class Distributor:
         if LOG_KEY in record:  # log_to_driver: shown whatever the verbosity, kept nowhere
             print(record[LOG_KEY], flush=True)
             return
-        if "input_wait_seconds" in record:  # the rank's input statistics, shown in the summary
-            self.input_stats.append(record)
+        if INPUT_STATS_KEY in record:  # the rank's input statistics, shown in the summary
+            self.input_stats.append({k: v for k, v in record.items() if k != INPUT_STATS_KEY})
             return
         self.history.append(record)
         self._tracker.report(record)

@@ -6,8 +6,8 @@ the stage). :class:`ReportTail` keeps that value bounded however long the run an
 
 - the latest :data:`PER_RANK` records of each rank (metrics and ``log_to_driver`` messages);
 - every record that changes what the driver keeps, whatever the count: a sharded checkpoint's commit (the
-  driver's list of kept checkpoints is rebuilt from all of them, in order), a rank's input statistics (one
-  a rank), and a resize or preemption event;
+  driver's list of kept checkpoints is rebuilt from all of them, in order) and a rank's input statistics (one
+  a rank);
 - a count of the records dropped, each rank's, which the client shows as a ``log_to_driver`` line before
   the records kept.
 
@@ -19,17 +19,14 @@ import itertools
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
-from ..wire.protocol import LOG_KEY
+from ..wire.protocol import INPUT_STATS_KEY, LOG_KEY
 from ..task.sharded_checkpoints import CHECKPOINT_KEY
 
 PER_RANK = 1000  # the latest records kept of each rank's (at a few hundred bytes a record)
-_ALWAYS_KEPT = (CHECKPOINT_KEY, "input_wait_seconds", "event")  # a record holding one of these is never dropped
-
-
 def always_kept(record: dict) -> bool:
-    """Whether ``record`` changes what the driver keeps (a checkpoint commit, input statistics, a resize or
-    preemption event): never dropped."""
-    return any(key in record for key in _ALWAYS_KEPT)
+    """Whether ``record`` changes what the driver keeps (a checkpoint commit, a rank's input statistics): never
+    dropped. Resize records are the driver's own and never pass here."""
+    return CHECKPOINT_KEY in record or INPUT_STATS_KEY in record
 
 
 class ReportTail:
@@ -78,8 +75,8 @@ class ReportTail:
         counts = ", ".join(f"{count} of rank {rank}" for rank, count in sorted(self.dropped.items(), key=_by_rank))
         total = sum(self.dropped.values())
         return (f"[spark_dist] {total} earlier ctx.report records were dropped ({counts}): under Spark Connect the "
-                f"first task keeps the latest {self.per_rank} of each rank's, and every checkpoint, input statistics "
-                "and resize record, until the attempt ends")
+                f"first task keeps the latest {self.per_rank} of each rank's, and every checkpoint and rank's input "
+                "statistics, until the attempt ends")
 
 
 def _by_rank(item: Tuple[Optional[int], int]) -> Tuple[int, int]:

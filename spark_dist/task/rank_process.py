@@ -16,7 +16,7 @@ import traceback
 from typing import Dict, Optional
 
 from ..errors import RankFailure, RunResized
-from ..wire.protocol import PROGRESS, REPORTS, RESIZE, Job, LaunchSpec
+from ..wire.protocol import INPUT_STATS_KEY, PROGRESS, REPORTS, RESIZE, Job, LaunchSpec
 from ..wire.ranks import RankInfo
 from ..wire.sealed_store import SealedStore, join_store
 from ..wire.store_log import StoreLog
@@ -137,8 +137,9 @@ def _report_input_wait(ctx, reporter, seconds: float) -> None:
     """Tell the driver how long this rank waited for data, so a user sees when input is the bottleneck."""
     if ctx.loaders:
         waited = sum(loader.wait_seconds for loader in ctx.loaders)
-        reporter({"rank": ctx.rank, "time": time.time(), "input_wait_seconds": round(waited, 3),
-                  "train_seconds": round(seconds, 3), "batches": sum(loader.batches for loader in ctx.loaders)})
+        reporter({INPUT_STATS_KEY: True, "rank": ctx.rank, "time": time.time(),
+                  "input_wait_seconds": round(waited, 3), "train_seconds": round(seconds, 3),
+                  "batches": sum(loader.batches for loader in ctx.loaders)})
 
 
 def _set_collective_timeout(seconds: float) -> None:

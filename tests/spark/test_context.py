@@ -29,6 +29,7 @@ def read_with_allreduce_per_batch(epochs):
             seen.append(batch["id"].tolist())
             batches += 1
         counts.append(batches)
+        ctx.report(input_wait_seconds=0.5)  # a metric of the user's, named as the rank's own statistics are
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, {"counts": counts, "ids": seen})
     dist.destroy_process_group()
@@ -70,6 +71,7 @@ def test_ddp_ranks_get_equal_shards_of_uneven_files(spark_local):
     # Each rank's time waiting for input, against its training time, reaches the driver.
     assert sorted(s["rank"] for s in d.input_stats) == [0, 1]
     assert all(s["batches"] == 30 and 0 <= s["input_wait_seconds"] <= s["train_seconds"] for s in d.input_stats)
+    assert [r["input_wait_seconds"] for r in d.history] == [0.5] * 4  # the user's metric: in the history
 
 
 def test_local_mode_reads_the_same_way(spark_local):
