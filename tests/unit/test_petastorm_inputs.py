@@ -189,6 +189,7 @@ def test_a_unischema_naming_any_other_function_is_refused_unrun_naming_the_file(
     code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
     for payload in (b"cbuiltins\neval\n(" + pickle.dumps(code, protocol=0)[:-1] + b"tR.",   # Petastorm's allows it
                     b"cposix\nsystem\n(S'true'\ntR.",
+                    b"cposix\nsystem\n)\x81}S'fields'\n}S'a'\nI1\nssb.",  # shaped as a Unischema with fields
                     b"cbuiltins\ngetattr\n(cbuiltins\nobject\nS'__subclasses__'\ntR."):
         url = write_dataset(tmp_path / "evil")
         pq.write_metadata(pa.schema([("id", pa.int64())]).with_metadata({inputs.UNISCHEMA_KEY: payload}),

@@ -115,6 +115,18 @@ def dataset_url(value) -> str:
     return text
 
 
+def _foreign_codec(blob: bytes):
+    """``(field name, codec class)`` of the first field whose codec is a class outside the allowlist, read with
+    stand-ins for such classes; ``None`` when there is none, or when the pickle is not a Unischema's shape."""
+    try:
+        for f in unischema_pickle.loads_with_stand_ins(blob).fields.values():
+            if isinstance(f.codec, unischema_pickle.Foreign):
+                return f.name, f.codec.qualified
+    except Exception:  # noqa: BLE001 -- whatever a crafted pickle's shape: the caller's error names the file
+        pass
+    return None
+
+
 def read_unischema(name: str, url: str):
     """The Unischema ``materialize_dataset`` kept in the dataset's ``_common_metadata`` (as Petastorm's own
     ``get_schema`` reads it), read with pyarrow as the ranks read the files.
@@ -161,9 +173,9 @@ def read_unischema(name: str, url: str):
     try:
         return unischema_pickle.loads(blob)  # exact names only: a pickle can call any function it names
     except unischema_pickle.ForbiddenGlobal as forbidden:
-        for f in getattr(unischema_pickle.loads_with_stand_ins(blob), "fields", {}).values():
-            if isinstance(f.codec, unischema_pickle.Foreign):  # a codec class of the user's
-                raise _unknown_codec(name, f.name, f.codec.qualified) from None
+        foreign = _foreign_codec(blob)
+        if foreign is not None:  # a codec class of the user's
+            raise _unknown_codec(name, *foreign) from None
         raise DatasetError(f"dataset {name!r}: {meta_url} names {forbidden.qualified}, which is not among the "
                            "classes a Unischema is made of (Petastorm's Unischema and codecs, numpy's, PySpark's "
                            "types); refused without loading it, since unpickling it could run any code. Whoever "
