@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from spark_dist.data.handle import DatasetError
+from spark_dist.data.read import transform_workers
 from spark_dist.data.read.transform_workers import (TransformError, TransformPickleError, TransformWorkers,
                                                     batch_seed, transformed)
 
@@ -376,6 +377,20 @@ def test_an_answer_out_of_order_is_a_runtime_error_that_closes_the_pool(monkeypa
     assert not any(alive(p) for p in pids)
     with pytest.raises(RuntimeError, match="answered batch 100"):
         workers.map([{"x": torch.tensor(1)}], epoch=1)
+
+
+def test_a_worker_that_never_comes_up_is_an_error_naming_it_and_the_pool_is_closed(tmp_path, monkeypatch):
+    # Its interpreter hangs before its first message, as an import from an unreachable filesystem would.
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(3600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(transform_workers, "START_TIMEOUT_S", 1.0)
+    workers = TransformWorkers(lambda batch: batch, workers=2, dataset="slow start", timeout=0.5)
+    proc = workers._procs[0]
+    with pytest.raises(TransformError, match=r"^dataset 'slow start': transform worker 0 did not start within 1 s "
+                                             r"\(it was to transform batch 0 of epoch 3\)") as caught:
+        list(workers.map([{"i": torch.tensor(i)} for i in range(4)], epoch=3))
+    assert (caught.value.epoch, caught.value.batch) == (3, 0)
+    assert proc.poll() is not None  # stopped with the pool
 
 
 def test_a_worker_stuck_past_the_timeout_is_an_error_naming_it_and_the_pool_is_closed():

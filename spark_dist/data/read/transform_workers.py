@@ -59,6 +59,9 @@ __all__ = ["TransformWorkers", "TransformError", "TransformPickleError", "transf
            "DEFAULT_TIMEOUT_S"]
 
 DEFAULT_TIMEOUT_S = 600.0  # far beyond any one batch's transform: only a worker that is stuck reaches it
+# A worker not yet up (importing torch, unpickling the transform) has at least this long, however short the
+# timeout: its start is not a batch's transform, yet a start that never ends must end the pool too.
+START_TIMEOUT_S = 120.0
 
 
 class _Failed:
@@ -119,7 +122,8 @@ class TransformWorkers:
         # Per worker, (run, index, epoch) of each batch sent and not yet answered, in the order sent: a
         # worker answers in that order.
         self._sent: List[Deque[Tuple[int, int, int]]] = []
-        # Per worker, when it started on the first batch of its _sent (meaningful only while that is not empty).
+        # Per worker, when it started on the first batch of its _sent (meaningful only while that is not empty);
+        # until its pid arrives, when it was started.
         self._since: List[float] = []
         self._finalizer = weakref.finalize(self, worker_processes.stop, os.getpid(), self._procs, self._socks)
         if workers:
@@ -130,7 +134,7 @@ class TransformWorkers:
                 self._socks.extend(socks)
                 self._sent.extend(deque() for _ in socks)
                 self._pids.extend(None for _ in socks)
-                self._since.extend(0.0 for _ in socks)
+                self._since.extend(time.monotonic() for _ in socks)
                 for sock in self._socks:
                     send(sock, payload)
             except BaseException:
@@ -308,23 +312,32 @@ class TransformWorkers:
                 summary, tb = rest
                 done[index] = _Failed(self._error(epoch, index, summary, tb, f"in worker process {self._pids[w]}"))
 
+    def _limit(self, w: int) -> float:
+        """Seconds worker ``w`` may take: ``timeout`` on a batch; at least :data:`START_TIMEOUT_S` to come up."""
+        return self.timeout if self._pids[w] is not None else max(self.timeout, START_TIMEOUT_S)
+
     def _time_left(self, busy: List[int]) -> Optional[float]:
-        """Seconds until the first of the ``busy`` workers that are up reaches the timeout; None: no limit."""
-        started = [self._since[w] for w in busy if self._pids[w] is not None]
-        if self.timeout is None or not started:
+        """Seconds until the first of the ``busy`` workers reaches its limit; None: no limit."""
+        if self.timeout is None or not busy:
             return None
-        return max(0.0, min(started) + self.timeout - time.monotonic())
+        return max(0.0, min(self._since[w] + self._limit(w) for w in busy) - time.monotonic())
 
     def _check_deadlines(self, busy: List[int]) -> None:
-        """Close the pool and raise :class:`TransformError` if one of the ``busy`` workers is past the timeout."""
+        """Close the pool and raise :class:`TransformError` if one of the ``busy`` workers is past its limit."""
         if self.timeout is None:
             return
         now = time.monotonic()
-        late = [w for w in busy if self._pids[w] is not None and now - self._since[w] >= self.timeout]
+        late = [w for w in busy if now - self._since[w] >= self._limit(w)]
         if not late:
             return
         w = late[0]
         _, index, epoch = self._sent[w][0]
+        if self._pids[w] is None:
+            self._close_broken(TransformError(
+                f"dataset {self.dataset!r}: transform worker {w} did not start within {self._limit(w):g} s (it "
+                f"was to transform batch {index} of epoch {epoch}), so the transform workers were stopped; "
+                "something its start imports may hang (a module on an unreachable filesystem)", self.dataset,
+                epoch, index))
         self._close_broken(TransformError(
             f"dataset {self.dataset!r}: transform worker process {self._pids[w]} did not finish batch {index} of "
             f"epoch {epoch} within timeout={self.timeout:g} s, so the transform workers were stopped; if a batch "
