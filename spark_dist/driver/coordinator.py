@@ -31,7 +31,7 @@ class Coordinator:
     """The watch over one attempt.
 
     Args:
-        store: the attempt's signed store (hosted by the caller).
+        store: the attempt's sealed store (hosted by the caller).
         config, spec, backend: the run's settings, what the tasks were given, and the backend (its
             ``start`` runs at assignment, where the coordinator runs).
         job_ended: whether the tasks are all done (the Spark job returned); ``None``: once every rank ended
@@ -69,7 +69,7 @@ class Coordinator:
         self.failures: Dict[int, Any] = {}  # rank -> its first RankFailure, in the order they arrived
         self.next_progress = 0.0
         self.last_progress = None
-        self.ended: set = set()  # ranks whose supervisor said (signed) that they ended
+        self.ended: set = set()  # ranks whose supervisor said (sealed) that they ended
         self.succeeded: Optional[bool] = None  # what ``succeeded`` told the tasks, once settled
         self.tasks: List[TaskInfo] = []  # TaskInfo by task index, once all tasks came
         self.ranks: List[RankInfo] = []  # RankInfo by task index, once assigned
@@ -177,7 +177,7 @@ class Coordinator:
 
     def all_ranks_ended(self) -> bool:
         """Every rank's supervisor has said it ended (or the run never got as far as assigning ranks and was
-        aborted): the tasks' end, seen from the store. Each rank's signed ``ended`` key is looked for until
+        aborted): the tasks' end, seen from the store. Each rank's sealed ``ended`` key is looked for until
         it is there, the first missing one ending the look: a round trip or two a poll."""
         if not self.ranks:
             return bool(self.rendezvous_missing)
@@ -219,7 +219,7 @@ class Coordinator:
         return {r: v if isinstance(v, int) else 0 for r, v in zip(ranks, values)}
 
     def _ended(self, rank: int) -> bool:
-        """Whether ``rank``'s supervisor said (signed) that it ended; remembered once seen."""
+        """Whether ``rank``'s supervisor said (sealed) that it ended; remembered once seen."""
         if rank not in self.ended and self.store.has(ended_key(rank)):
             self.ended.add(rank)
         return rank in self.ended

@@ -1,13 +1,13 @@
-"""An append-only log in the run's signed store: how ranks and supervisors tell the driver things.
+"""An append-only log in the run's sealed store: how ranks and supervisors tell the driver things.
 
-Reports, printed lines and failures each travel in one :class:`StoreLog`: a FIFO queue of signed records in
+Reports, printed lines and failures each travel in one :class:`StoreLog`: a FIFO queue of sealed records in
 the store (``TCPStore.queue_push`` / ``queue_pop``). Any number of writers append; one reader (the
 coordinator) takes the records in the order the store received them, and a record is gone from the store
 once taken. Three invariants follow:
 
 - **Bounded.** What the store holds for a log is what its reader has not taken yet; a writer that respects
   ``max_unread`` (:meth:`StoreLog.has_room`) keeps that to a fixed number of records.
-- **Nothing to trust but signatures.** There is no counter a stranger could raise to make the reader loop or
+- **Nothing to trust but the seal.** There is no counter a stranger could raise to make the reader loop or
   allocate: a forged record is popped and dropped (it costs what any forged value costs), a replayed one
   (a record seen before, pushed again) is dropped by its writer's sequence number.
 - **Taken once.** The reader's :meth:`StoreLog.take` pops; nothing is read twice or kept in the store.
