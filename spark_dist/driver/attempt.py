@@ -123,7 +123,7 @@ class Attempt:
             return self.lane.collect(spec)
         n = self.config.num_tasks
         task = functools.partial(run_partition, spec, host_store)
-        frame = self.spark.range(0, n, 1, n).mapInArrow(task, session.RECORDS_SCHEMA, barrier=True)
+        frame = session.task_stage(self.spark, n, task, barrier=True)
         with session.job_scope(self.spark, self.tag, self.config.job_description(spec.attempt)):
             return session.collect_records(frame)
 

@@ -90,8 +90,8 @@ class Lane:
     def _job(self) -> None:
         try:
             n = self.config.num_tasks
-            frame = self.spark.range(0, n, 1, n).mapInArrow(
-                functools.partial(run_lane_partition, self.spec), session.RECORDS_SCHEMA, barrier=True)
+            frame = session.task_stage(self.spark, n, functools.partial(run_lane_partition, self.spec),
+                                       barrier=True)
             description = (f"spark_dist lane {self.spec.lane_id}: trials of {self.config.num_processes} ranks, "
                            f"{self.config.backend}{', GPU' if self.config.use_gpu else ''}")
             with session.job_scope(self.spark, self.tag, description):

@@ -175,7 +175,7 @@ def executor_hosts(spark) -> Optional[List[str]]:
 def run_on_executors(spark, tasks: int, fn: Callable[[int], List[Any]]) -> List[Any]:
     """Run ``fn(task_index)`` in ``tasks`` Spark tasks (one small ``mapInArrow`` job, not barrier); its lists,
     joined. The tasks run in the Python workers the session's SQL UDFs use, on either kind of session."""
-    return collect_records(spark.range(0, tasks, 1, tasks).mapInArrow(_arrow_task(fn), RECORDS_SCHEMA))
+    return collect_records(task_stage(spark, tasks, _arrow_task(fn)))
 
 
 def _arrow_task(fn: Callable[[int], List[Any]]):
@@ -190,6 +190,20 @@ def _arrow_task(fn: Callable[[int], List[Any]]):
 
 # What a task returns through the DataFrame API (a mapInArrow job): its records, pickled, one per row.
 RECORDS_SCHEMA = "record binary"
+# PySpark 4 warns, on every new call site, that it does not fully support pandas 3; it said so already when
+# the session started, and a barrier stage's ``mapInArrow`` uses no pandas.
+_PANDAS_3_NOTICE = "PySpark does not yet fully support pandas >= 3"
+
+
+def task_stage(spark, tasks: int, fn, schema: str = RECORDS_SCHEMA, barrier: bool = False):
+    """The DataFrame of a stage of ``tasks`` tasks (a barrier stage with ``barrier``), each running ``fn`` (a
+    ``mapInArrow`` function) over its one-row partition; ``schema``: what ``fn`` yields. Built without PySpark's
+    pandas-3 notice, which only this call would repeat (the filter is scoped to the call)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PANDAS_3_NOTICE, category=FutureWarning)
+        return spark.range(0, tasks, 1, tasks).mapInArrow(fn, schema, barrier=barrier)
 
 
 def records_batch(records: List[Any]):

@@ -99,3 +99,22 @@ def test_spark_dists_jobs_take_the_udf_workers_environment_whatever_the_sql_conf
     finally:
         spark_local.conf.unset(hide)
     assert spark_local.sparkContext.environment == environment
+
+
+def rank():
+    from spark_dist import get_context
+
+    return get_context().rank
+
+
+@pytest.mark.skipif(int(__import__("pandas").__version__.split(".")[0]) < 3,
+                    reason="PySpark warns that it does not fully support pandas only on pandas 3")
+def test_a_run_repeats_no_pandas_notice_of_pysparks(spark_local):
+    import warnings
+
+    from spark_dist import Distributor
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every warning, however often it was shown before
+        assert Distributor(num_processes=2, verbose=False).run(rank) == 0
+    assert [str(w.message) for w in caught if "fully support pandas" in str(w.message)] == []
