@@ -2,15 +2,12 @@
 name of ``wire/protocol.py``, finds the port by scanning, and tries every operation a TCPStore client has. The
 runs end as they would without it, and nothing it reads holds a line a rank printed."""
 import os
-import threading
 import time
-from datetime import timedelta
 
-import psutil
 import pytest
 
 from spark_dist import Distributor, TrainingFailedError, get_context
-from spark_dist.wire import protocol
+from hostile_store import HostileClient
 
 LINE = "confidential-line-7f3a"
 RANKS = 2
@@ -25,65 +22,6 @@ def chatty(fail_rank):
     if ctx.rank == fail_rank:
         raise ValueError(f"rank {ctx.rank} gives up on purpose")
     return "finished"
-
-
-def key_names():
-    fixed = [protocol.ABORT, protocol.ARRIVED, protocol.REPORTS, protocol.OUTPUT, protocol.FAILURES,
-             protocol.PROGRESS, protocol.RUN_SUCCEEDED, protocol.RESIZE]
-    per_slot = [f(i) for i in range(RANKS) for f in (protocol.task_key, protocol.assignment_key,
-                                                     protocol.ended_key, protocol.stack_key, protocol.beat_key)]
-    return fixed + per_slot
-
-
-class HostileClient(threading.Thread):
-    """Scans this process's new listening ports for the store, then tries get, set, add, queue_pop and
-    compare_set on every key under every prefix it can guess, until stopped."""
-
-    def __init__(self, run_id: str):
-        super().__init__(daemon=True, name="hostile-client")
-        self.run_id = run_id
-        self.before = self._listening()
-        self.stop = threading.Event()
-        self.read, self.operations, self.ports = [], 0, set()
-
-    @staticmethod
-    def _listening():
-        return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-
-    def run(self):
-        prefixes = [f"spark_dist/{self.run_id}/{a}" for a in range(2)] + [f"spark_dist/{self.run_id}", ""]
-        keys = [f"{p}/{name}" if p else name for p in prefixes for name in key_names()]
-        while not self.stop.is_set():
-            for port in self._listening() - self.before:
-                for key in keys:
-                    if self.stop.is_set():
-                        return
-                    self._attack(port, key)
-            time.sleep(0.05)
-
-    def _attack(self, port, key):
-        """Every operation on ``key``, on a connection of its own (the store drops a client whose ``add``
-        meets a value that is no number)."""
-        from torch.distributed import TCPStore
-
-        try:
-            store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=2))
-        except Exception:  # noqa: BLE001 -- not a store, or gone
-            return
-        self.ports.add(port)
-        for op in (lambda: store.get(key) if store.check([key]) else None,
-                   lambda: store.queue_pop(key, False),
-                   lambda: store.compare_set(key, b"", b"forged"),
-                   lambda: store.set(key, b"\0" * 48),
-                   lambda: store.add(key + "#n", 1),
-                   lambda: store.add(key, 1)):
-            self.operations += 1
-            try:
-                value = op()
-            except Exception:  # noqa: BLE001 -- refused, absent, or not a number: the attack goes on
-                continue
-            if isinstance(value, bytes):
-                self.read.append(value)
 
 
 @pytest.fixture
