@@ -58,6 +58,21 @@ class DiskFullError(OSError):
         return self.strerror
 
 
+class CheckpointReadError(RuntimeError):
+    """Rank 0's checkpoint, and the one before it, cannot be read: they were damaged after they were written
+    (spark_dist writes each to a temporary file and renames it, so a crash mid-write never tears one). The
+    message names the file and what to do; ``path`` holds it."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"checkpoint {path} cannot be read ({reason}), nor the one before it: it was damaged "
+                         "after it was written (truncated, overwritten). Restore it, or delete it to start the run "
+                         "from the beginning")
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):  # keep its fields when a rank's error travels to the driver
+        return type(self), (self.path, self.reason)
+
+
 class BackendUnavailableError(ConfigError):
     """The chosen backend cannot be used here (for example Horovod is not installed)."""
 

@@ -127,9 +127,11 @@ def check_dir(checkpoint_dir: str, create: bool = True) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
+def atomic_write(checkpoint_dir: str, name: str, previous: Optional[str] = None) -> Iterator[IO[bytes]]:
     """A file to write checkpoint ``name`` into the run's directory (made and checked first). On a clean exit
-    it is synced and renamed over ``name`` at once: a crash mid-write never leaves a torn checkpoint.
+    it is synced and renamed over ``name`` at once: a crash mid-write never leaves a torn checkpoint. With
+    ``previous``, the checkpoint it replaces stays under that name (a second link to it, made before the
+    rename: ``name`` is never missing).
 
     Raises:
         CheckpointDirError: the directory (or the default's parent) is not this user's alone.
@@ -145,6 +147,8 @@ def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
             yield f
             f.flush()
             os.fsync(fd)
+        if previous is not None:
+            _link_previous(dir_fd, name, previous)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         os.fsync(dir_fd)  # the rename itself survives a crash of the host
     except BaseException as exc:
@@ -157,6 +161,22 @@ def atomic_write(checkpoint_dir: str, name: str) -> Iterator[IO[bytes]]:
         raise
     finally:
         os.close(dir_fd)
+
+
+def _link_previous(dir_fd: int, name: str, previous: str) -> None:
+    """``previous`` becomes a second link to the file ``name`` holds now, if any (the link made aside, then
+    renamed over ``previous``: each name always holds a whole checkpoint)."""
+    aside = f"{previous}.tmp-{os.getpid()}"
+    try:
+        os.link(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    try:
+        os.replace(aside, previous, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(aside, dir_fd=dir_fd)
+        raise
 
 
 def open_checked(checkpoint_dir: str, name: str) -> Optional[IO[bytes]]:

@@ -8,13 +8,20 @@ lost or repeated.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, List, Mapping, Optional
 
+from ..errors import CheckpointReadError
 from ..wire.protocol import PREEMPTED
 from . import checkpoint_dirs, retention
 
 CHECKPOINT_FILE = "checkpoint.pt"  # rank 0's checkpoint in the run's directory
+# The one it replaced: read when the latest was damaged after it was written (a checkpoint is never torn by a
+# crash mid-write, but a disk or a copy can lose its end later).
+PREVIOUS_FILE = "checkpoint.prev.pt"
+_UNREADABLE = object()
+log = logging.getLogger(__name__)
 
 
 class RankCheckpoints:
@@ -61,7 +68,7 @@ class RankCheckpoints:
                 return
             import torch
 
-            with checkpoint_dirs.atomic_write(self._name(), CHECKPOINT_FILE) as f:
+            with checkpoint_dirs.atomic_write(self._name(), CHECKPOINT_FILE, previous=PREVIOUS_FILE) as f:
                 torch.save(obj, f)
             self._resize_here(obj)
             return
@@ -117,11 +124,39 @@ class RankCheckpoints:
         if f is None and latest_sharded is None:
             return default
         if f is not None and (latest_sharded is None or os.fstat(f.fileno()).st_mtime >= latest_sharded.time):
-            with f:
-                return torch.load(f, map_location="cpu", weights_only=False)
+            return self._load_whole(f)
         if f is not None:
             f.close()
         return load_full(latest_sharded.path)
+
+    def _load_whole(self, f):
+        """Rank 0's checkpoint from the open file ``f``; when it cannot be read, the one before it, with a
+        warning naming both.
+
+        Raises:
+            CheckpointReadError: neither can be read, naming the latest.
+        """
+        import torch
+
+        with f:
+            try:
+                return torch.load(f, map_location="cpu", weights_only=False)
+            except Exception as exc:  # noqa: BLE001 -- torch's errors for a damaged file vary: named below
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        path = os.path.join(checkpoint_dirs.resolve(self._name()), CHECKPOINT_FILE)
+        before = checkpoint_dirs.open_checked(self._name(), PREVIOUS_FILE)
+        if before is not None:
+            state = _UNREADABLE
+            with before:
+                try:
+                    state = torch.load(before, map_location="cpu", weights_only=False)
+                except Exception:  # noqa: BLE001 -- damaged too: the error below names the latest
+                    pass
+            if state is not _UNREADABLE:
+                log.warning("spark_dist: checkpoint %s cannot be read (%s): resuming from the one before it, %s",
+                            path, reason, os.path.join(os.path.dirname(path), PREVIOUS_FILE))
+                return state
+        raise CheckpointReadError(path, reason)
 
     def wait(self) -> None:
         """Wait for this rank's asynchronous save in flight, if any; raise its error."""
@@ -141,4 +176,4 @@ class RankCheckpoints:
         return self._sharded_checkpoints
 
 
-__all__ = ["CHECKPOINT_FILE", "RankCheckpoints"]
+__all__ = ["CHECKPOINT_FILE", "PREVIOUS_FILE", "RankCheckpoints"]
