@@ -150,10 +150,14 @@ def thirty_two_ranks(tmp_path, monkeypatch):
     return describe_files("many", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar"}, {})
 
 
-def test_a_rank_after_losing_one_of_32_reads_what_it_yields_with_one_reader_at_a_time(thirty_two_ranks, monkeypatch):
+def test_a_rank_after_losing_one_of_32_gathers_only_the_rows_it_yields_with_one_reader(thirty_two_ranks,
+                                                                                      monkeypatch):
     import threading
 
-    from spark_dist.data.read import loader as loader_module
+    import numpy as np
+
+    from spark_dist.data.read import dealt_epoch, loader as loader_module
+    from spark_dist.data.read.epoch_order import window_batches
 
     def loader(rank, world_size):
         return make_loader(thirty_two_ranks, rank=rank, world_size=world_size, batch_size=4, seed=5, epoch=1)
@@ -161,25 +165,100 @@ def test_a_rank_after_losing_one_of_32_reads_what_it_yields_with_one_reader_at_a
     uninterrupted = [list(loader(r, 32)) for r in range(32)]
     assert {len(u) for u in uninterrupted} == {24}
     state = {**loader(0, 32).state_dict(), "batches": 1}  # every rank took one step, then one rank was lost
-    made = [0]
-    real = loader_module.ShardLoader._to_torch
-    monkeypatch.setattr(loader_module.ShardLoader, "_to_torch",
-                        lambda self, *args: made.__setitem__(0, made[0] + 1) or real(self, *args))
+    sizes = [sum(end - first for _, first, end in runs) for runs in loader(0, 32)._window_runs()]
+    firsts = np.cumsum([0] + [count for _, _, count in window_batches(sizes, 4, drop_last=True)])
+
+    def window_of(batch):
+        return int(np.searchsorted(firsts, batch, side="right")) - 1
+
+    # What reading costs: the rows copied into windows or batches (a window's gather, or the dealt epoch's), and
+    # the row groups decoded.
+    gathered, decoded = [0], []
+    real_gather, real_decode = loader_module.ShardLoader._gather, loader_module.ShardLoader._decode
+
+    def window_gather(self, decoded_groups, runs, carry, window):
+        rows = real_gather(self, decoded_groups, runs, carry, window)
+        gathered[0] += len(next(iter(rows.values())))
+        return rows
+
+    monkeypatch.setattr(loader_module.ShardLoader, "_gather", window_gather)
+    monkeypatch.setattr(loader_module.ShardLoader, "_decode",
+                        lambda self, group: decoded.append(group) or real_decode(self, group))
+    real_rows = dealt_epoch.gather_rows
+    monkeypatch.setattr(dealt_epoch, "gather_rows", lambda loader, out, found, decoded_groups: (
+        gathered.__setitem__(0, gathered[0] + len(found[0])) or real_rows(loader, out, found, decoded_groups)))
     for rank in (0, 17, 30):
         dealt = loader(rank, 31)
         dealt.load_state_dict(state)
-        made[0], most_threads, got = 0, 0, []
+        gathered[0], most_threads, got = 0, 0, []
+        del decoded[:]
         before = threading.active_count()
         for batch in dealt:
             most_threads = max(most_threads, threading.active_count())
             got.append(batch)
         units = my_units(32 * 24, 32, 31, rank, drop_last=True)
         assert batches_equal(got, [uninterrupted[q % 32][q // 32] for q in units])
-        # Every batch it read it yielded (a reader opened at the batch it needs, no further than it needs) ...
-        assert made[0] <= 1.1 * len(got)
-        # ... and one reader at a time: its thread and its two decoding threads, the one before it closed.
+        # Every row it gathers it yields: a batch's rows are picked out of its window by the window's shuffle,
+        # not by gathering the window (nor the windows before it that carry rows into it).
+        assert gathered[0] == len(ids(got)) == 4 * len(got)
+        # It decodes only row groups that hold rows it yields (the fixture's row group of a row is its id // 90),
+        # each once for each window index whose batches take rows from it (the batches of a window index are
+        # made together; every old rank's windows yield the same batch numbers).
+        assert set(decoded) == {i // 90 for i in ids(got)}
+        assert len(decoded) == len({(window_of(q // 32), i // 90) for q, batch in zip(units, got)
+                                    for i in batch["id"].tolist()})
+        # One reader: its thread and its two decoding threads, as an uninterrupted loader; gone at the end.
         assert most_threads <= before + 3
         assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_every_dealt_batch_is_the_one_its_old_rank_yields_whatever_the_columns_and_order(tmp_path, monkeypatch,
+                                                                                         shuffle, drop_last):
+    # A number, a vector (cast to float64) and a string column; windows of 10, 20 then 40 rows in batches of 6
+    # (rows carried over), row groups of 70 in two files; 5 ranks shrunk to 3 or to 1 (more batches of a window
+    # index than a part holds), and 3 grown to 4, after 2 steps.
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dist.data.handle import ColumnStats, describe_files
+    from spark_dist.data.read import epoch_order, loader as loader_module, variable_size
+
+    monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
+    monkeypatch.setattr(loader_module, "_READ_CHUNK_ROWS", 16)
+    ids = np.arange(1003)
+    vec = pa.ListArray.from_arrays(np.arange(0, 2 * 1003 + 1, 2, dtype=np.int32),
+                                   pa.array(np.repeat(ids, 2).astype(np.float32)))
+    table = pa.table({"id": ids, "vec": vec, "text": pa.array([f"t{i}" for i in ids])})
+    urls = []
+    for f, (lo, hi) in enumerate([(0, 400), (400, 1003)]):
+        pq.write_table(table.slice(lo, hi - lo), tmp_path / f"part-{f}.parquet", row_group_size=70)
+        urls.append(f"file://{tmp_path}/part-{f}.parquet")
+    handle = describe_files("mixed", f"file://{tmp_path}", urls, {"id": "scalar", "vec": "vector", "text": "string"},
+                            {"vec": ColumnStats(length=2)})
+    row_bytes = 8 + 2 * 4 + variable_size.row_bytes([handle.column("text")])
+    monkeypatch.setattr(loader_module, "_WINDOW_BYTES", 40 * row_bytes)
+
+    def loader(rank, world_size):
+        return make_loader(handle, rank=rank, world_size=world_size, batch_size=6, seed=4, epoch=3, shuffle=shuffle,
+                           drop_last=drop_last, dtypes={"vec": torch.float64})
+
+    assert [sum(e - f for _, f, e in runs) for runs in loader(0, 5)._window_runs()][:4] == [10, 20, 40, 40]
+    for old, new in ((5, 3), (5, 1), (3, 4)):
+        uninterrupted = [list(loader(r, old)) for r in range(old)]
+        state = {**loader(0, old).state_dict(), "batches": 2}
+        units = old * len(uninterrupted[0])
+        for rank in range(new):
+            dealt = loader(rank, new)
+            dealt.load_state_dict(state)
+            got = list(dealt)
+            expected = [uninterrupted[q % old][q // old] for q in my_units(units, 2 * old, new, rank, drop_last)]
+            assert batches_equal(got, expected) and len(got) == steps(units, 2 * old, new, drop_last)
+            for batch in got:
+                assert batch["text"] == [f"t{i}" for i in batch["id"].tolist()]
+                assert torch.equal(batch["vec"], batch["id"].double()[:, None].expand(-1, 2))
 
 
 def test_a_dealt_epoch_draws_the_augmentation_the_uninterrupted_one_drew_for_each_batch(small_dataset):
@@ -202,18 +281,20 @@ def test_a_dealt_epoch_draws_the_augmentation_the_uninterrupted_one_drew_for_eac
                 assert torch.equal(g["id"], e["id"]) and torch.equal(g["noise"], e["noise"])
 
 
-def test_where_each_dealt_unit_comes_from_and_the_readers_that_make_them():
-    from spark_dist.data.read.dealt_epoch import epoch_units, origins, reads
+def test_where_each_dealt_unit_comes_from_and_the_parts_made_at_once():
+    from spark_dist.data.read.dealt_epoch import epoch_units, origins, parts
 
     # 1,000 rows on 4 ranks in batches of 24: 10 batches each with drop_last (250 rows), else 11: 40 or 44 units.
     assert (epoch_units(1000, 4, 24, True), epoch_units(1000, 4, 24, False)) == (40, 44)
     # After 3 steps of 4 ranks (12 units), new rank 0 of 3 takes units 12, 15, 18, ...: batch 3 of old rank 0,
     # batch 3 of old rank 3, batch 4 of old rank 2, ...
     assert origins(40, 12, 4, 3, 0, True)[:4] == [(0, 3), (3, 3), (2, 4), (1, 5)]
-    # Consecutive batches of one old rank are made by one reader; a gap or another rank opens the next.
-    assert reads([(2, 3), (2, 4), (2, 5), (0, 6), (0, 8), (1, 8), (1, 9)]) == [
-        (2, 3, 3), (0, 6, 1), (0, 8, 1), (1, 8, 2)]
-    assert reads([]) == []
+    # A part is made at once: units whose batches one window index yields (windows of batches 0-1, 2-4 and 5 on,
+    # the same for every old rank), at most `hold` of them; a wrap to the start of what was left starts another.
+    where = [(2, 3), (3, 3), (0, 4), (1, 4), (2, 4), (3, 6), (0, 7), (1, 2)]
+    assert parts(where, [0, 2, 5], hold=3) == [[(2, 3), (3, 3), (0, 4)], [(1, 4), (2, 4)], [(3, 6), (0, 7)],
+                                               [(1, 2)]]
+    assert parts([], [0, 2, 5], hold=3) == []
     # Nothing left to deal: no step, with or without drop_last (nor past the end).
     assert steps(40, 40, 3, drop_last=False) == steps(40, 40, 3, drop_last=True) == steps(40, 41, 3, False) == 0
     assert steps(40, 39, 3, drop_last=False) == 1 and steps(40, 39, 3, drop_last=True) == 0
@@ -232,11 +313,11 @@ def test_the_place_of_a_state_counts_units_of_the_world_its_epoch_began_on():
     assert [n for n in range(1, 14) if deals_evenly({**dealt, "drop_last": False}, n)] == [1, 2, 13]
 
 
-def test_shrunk_then_grown_back_off_a_step_boundary_each_rank_reads_one_run(small_dataset, monkeypatch):
+def test_shrunk_then_grown_back_off_a_step_boundary_each_rank_reads_one_old_rank(small_dataset, monkeypatch):
     # 4 ranks take 3 steps (12 units), 2 ranks take one more (14): 4 ranks again go on from unit 14, where each
-    # rank's units are consecutive batches of one old rank, made by one reader.
+    # rank's units are consecutive batches of one old rank, read through that rank's loader alone.
     from spark_dist.data.read import loader as loader_module
-    from spark_dist.data.read.dealt_epoch import places, reads
+    from spark_dist.data.read.dealt_epoch import places
 
     four = loaders(small_dataset, 4)
     before, _ = take(four, 3)
@@ -251,8 +332,9 @@ def test_shrunk_then_grown_back_off_a_step_boundary_each_rank_reads_one_run(smal
     regrown = loaders(small_dataset, 4)
     for loader in regrown:
         loader.load_state_dict(state)
-    assert [reads(places(loader, 4, 14)) for loader in regrown] == [
-        [(2, 3, 6)], [(3, 3, 6)], [(0, 4, 6)], [(1, 4, 6)]]  # 6 steps each; units 38 and 39 left out
+    assert [places(loader, 4, 14) for loader in regrown] == [
+        [(old, b) for b in range(first, first + 6)] for old, first in [(2, 3), (3, 3), (0, 4), (1, 4)]
+    ]  # 6 steps each; units 38 and 39 left out
     readers = []
     real = loader_module.ShardLoader._peer
     monkeypatch.setattr(loader_module.ShardLoader, "_peer",
@@ -266,7 +348,7 @@ def test_shrunk_then_grown_back_off_a_step_boundary_each_rank_reads_one_run(smal
     assert len(everything) == len(set(everything)) == 38 * 24
 
 
-def test_a_dealt_epochs_batches_with_where_each_belongs_and_the_readers_times(small_dataset, monkeypatch):
+def test_a_dealt_epochs_batches_with_where_each_belongs_and_the_reading_times(small_dataset, monkeypatch):
     from spark_dist.data.read import loader as loader_module
     from spark_dist.data.read.dealt_epoch import dealt_batches, places
 
@@ -281,10 +363,10 @@ def test_a_dealt_epochs_batches_with_where_each_belongs_and_the_readers_times(sm
     # Rank 1 of 2 takes units 13, 15, 17, ...: batches 3 to 9 of old ranks 1 and 3 in turn, 14 steps.
     assert [where for where, _ in got] == places(two, 4, 12) == [(r, b) for b in range(3, 10) for r in (1, 3)]
     assert batches_equal([batch for _, batch in got], [uninterrupted[r][b] for r, b in places(two, 4, 12)])
-    # Each reader's waiting and reading add up in the loader the training loop holds.
-    assert len(readers) == len(got) > 1
-    assert two.wait_seconds == pytest.approx(sum(r.wait_seconds for r in readers)) and two.wait_seconds > 0
-    assert two.read_seconds == pytest.approx(sum(r.read_seconds for r in readers)) and two.read_seconds > 0
+    # One loader of each old rank it takes from tells where that rank's rows are; the waiting and the reading
+    # add up in the loader the training loop holds.
+    assert len(readers) == 2 and two.wait_seconds > 0 and two.read_seconds > 0
+    assert [(r.wait_seconds, r.read_seconds) for r in readers] == [(0, 0), (0, 0)]
 
 
 def test_progress_in_a_dealt_epoch_counts_its_steps(small_dataset):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from spark_dist.data.read import epoch_order
-from spark_dist.data.read.epoch_order import batches_per_rank, block_runs, merged, rows_per_rank, shard_pieces
+from spark_dist.data.read.epoch_order import (batches_per_rank, block_runs, merged, rows_per_rank, shard_pieces,
+                                              window_batches)
 
 
 def pieces(sizes, world_size, rank, *, shuffle=False, drop_last=True, seed=0, epoch=0):
@@ -119,3 +120,16 @@ def test_runs_merged_into_file_order():
     assert merged(runs) == [(0, 0, 3), (0, 4, 6), (1, 0, 8), (2, 0, 1)]
     assert merged([(0, 3, 6), (1, 6, 9)]) == [(0, 3, 6), (1, 6, 9)]  # adjacent positions of two row groups
     assert merged([]) == []
+
+
+def test_windows_cut_into_batches_carry_over_only_their_own_rows():
+    # Windows of 80, 160, 160 and 100 rows in batches of 24: 3 batches (8 rows carried over), 7 (none), 6 (16), then
+    # 4 with drop_last (20 rows dropped) or 5 without (the last one partial).
+    assert window_batches([80, 160, 160, 100], 24, True) == [(0, 72, 3), (8, 168, 7), (0, 144, 6), (16, 96, 4)]
+    assert window_batches([80, 160, 160, 100], 24, False)[-1] == (16, 116, 5)
+    rng = np.random.default_rng(1)
+    for _ in range(100):  # windows of at least a batch (a loader's, but the last): a window's cut passes its carry
+        bs = int(rng.integers(1, 30))
+        rows = rng.integers(bs, 5 * bs, size=int(rng.integers(1, 6))).tolist()
+        layout = window_batches(rows + [int(rng.integers(1, 2 * bs))], bs, bool(rng.integers(2)))
+        assert all(cut >= bs > kept for kept, cut, _ in layout[:-1])

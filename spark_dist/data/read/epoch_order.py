@@ -3,7 +3,8 @@
 The row groups of all files in a permuted order, and inside each row group its blocks of :data:`BLOCK_ROWS` rows
 in a permuted order. Rank ``r`` takes positions ``[r*n, (r+1)*n)`` of that order (:func:`shard_pieces`), so
 ranks never overlap and every rank gets exactly ``n`` rows whatever the file layout; every rank computes the
-same order, so a row group split between two ranks is split without overlap (:func:`block_runs`).
+same order, so a row group split between two ranks is split without overlap (:func:`block_runs`). A rank's
+rows are then shuffled window by window and cut into batches (:func:`window_batches`).
 """
 from typing import List, Sequence, Tuple
 
@@ -80,6 +81,24 @@ def block_runs(seed: int, epoch: int, row_group: int, rows: int, start: int, sto
         runs.append((first, first + end - at))
         at, i = end, i + 1
     return runs
+
+
+def window_batches(window_rows: Sequence[int], batch_size: int, drop_last: bool) -> List[Tuple[int, int, int]]:
+    """``(rows carried in, cut, batches)`` of each shuffle window of a rank's epoch, ``window_rows`` the rows each
+    takes from the files, in order: a window is the rows the previous one carried over (its first ``carried
+    in`` rows), then its own rows shuffled; it yields the batches of its rows ``[0, cut)`` (every full batch, the
+    last window also its partial one unless ``drop_last``) and carries ``[cut, ...)`` over to the next.
+
+    Where every window but the last holds at least ``batch_size`` rows (a loader's do), ``cut >= batch_size >``
+    the rows a window carried in: what it carries over are its own rows.
+    """
+    out, carried, last = [], 0, len(window_rows) - 1
+    for index, rows in enumerate(window_rows):
+        n = carried + rows
+        cut = n if index == last and not drop_last else n // batch_size * batch_size
+        out.append((carried, cut, -(-cut // batch_size)))
+        carried = n - cut
+    return out
 
 
 def merged(runs: List[Tuple[int, int, int]]) -> List[Tuple[int, int, int]]:

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from ..handle import DatasetError
 from . import dealt_epoch
+from .epoch_order import window_batches
 
 # What the epoch order and the batches depend on besides (seed, shuffle), which a state carries and restores:
 # a position (batches yielded) means the same rows only where these are the same.
@@ -89,19 +90,14 @@ def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, sk
     ``skip`` of the epoch (and ends before batch ``stop``, if given); ``window_rows`` are the rows each window
     takes from the files, in order.
 
-    The batching is the loader's: a window's rows follow the rows the previous one carried over, it yields
-    every full batch of them (the last window also its partial batch, unless ``drop_last``) and carries the
-    rest over to the next. So the windows read are those from the one that yields batch ``skip`` on (up to
-    the one that yields batch ``stop - 1``), and before it each window whose rows the next one read takes
-    over (its batches are gathered, not yielded).
+    The batching is the loader's (:func:`.epoch_order.window_batches`): a window's rows follow the rows the
+    previous one carried over, it yields every full batch of them (the last window also its partial batch,
+    unless ``drop_last``) and carries the rest over to the next. So the windows read are those from the one
+    that yields batch ``skip`` on (up to the one that yields batch ``stop - 1``), and before it each window
+    whose rows the next one read takes over (its batches are gathered, not yielded).
     """
-    counts, carried_in, carried, last = [], [], 0, len(window_rows) - 1
-    for index, rows in enumerate(window_rows):
-        n = carried + rows
-        cut = n if index == last and not drop_last else n // batch_size * batch_size
-        carried_in.append(carried)
-        counts.append(-(-cut // batch_size))
-        carried = n - cut
+    layout = window_batches(window_rows, batch_size, drop_last)
+    carried_in, counts = [kept for kept, _, _ in layout], [count for _, _, count in layout]
     before = [sum(counts[:i]) for i in range(len(counts))]  # batches yielded before each window
     first = next((i for i, c in enumerate(counts) if before[i] + c > skip), None)
     if first is None:
