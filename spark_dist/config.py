@@ -28,13 +28,15 @@ CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 CONF_STORE_PORT = "spark.dist.storePort"
 CONF_HOROVOD_RENDEZVOUS_PORT = "spark.dist.horovod.rendezvousPort"
+CONF_HOROVOD_IMPL = "spark.dist.horovod.impl"  # auto | horovod | torch: see backends/horovod.py
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
                 CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL,
                 CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_MIN_PROCESSES, CONF_MAX_PREEMPTIONS, CONF_MAX_SHORT_GROWS,
                 CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
-                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT)
+                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT,
+                CONF_HOROVOD_IMPL)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 BACKENDS = ("ddp", "horovod")

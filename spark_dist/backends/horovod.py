@@ -1,6 +1,10 @@
-"""Horovod over gloo: the driver hosts Horovod's own HTTP rendezvous server, and every rank gets the
-variables ``horovodrun --gloo`` / ``horovod.spark.run`` would set, so ``hvd.init()`` with no arguments
-just works inside the training function.
+"""Horovod over gloo: every rank gets the variables ``horovodrun --gloo`` / ``horovod.spark.run`` would set, so
+``hvd.init()`` with no arguments just works inside the training function.
+
+Two implementations run a rank's ``import horovod.torch``, by ``spark.dist.horovod.impl``: ``horovod``, Horovod
+itself, for which the driver hosts Horovod's HTTP rendezvous server; ``torch``, :mod:`spark_dist.horovod` (its
+API on torch.distributed, joined through the torchrun variables: no build, no server); ``auto`` (the default),
+Horovod where it is installed, else ours. The driver says once which one runs.
 
 Ports: the rendezvous server is the only listener Horovod needs on the driver (under Spark Connect: on the
 first task's executor); it binds the first free port of ``spark.dist.horovod.rendezvousPort`` when set, else
@@ -18,8 +22,8 @@ import socket
 import threading
 from typing import Dict, List, Optional
 
-from ..config import CONF_HOROVOD_RENDEZVOUS_PORT
-from ..errors import BackendUnavailableError
+from ..config import CONF_HOROVOD_IMPL, CONF_HOROVOD_RENDEZVOUS_PORT
+from ..errors import BackendUnavailableError, ConfigError
 from ..wire.ranks import RankInfo
 from ..wire.sealed_store import bind_in_range
 from .base import Backend
@@ -27,8 +31,29 @@ from .base import Backend
 INSTALL_HINT = (
     "install it with `make env` (builds horovod 0.28.1 with gloo and PyTorch support), or "
     "`pip install spark_dist[horovod]` with HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 after applying the "
-    "C++17 patch to horovod's CMakeLists.txt (see the README's set-up); or choose backend='ddp'"
+    "C++17 patch to horovod's CMakeLists.txt (see the README's set-up); or set spark.dist.horovod.impl=torch "
+    "to run Horovod's API on torch.distributed, without Horovod; or choose backend='ddp'"
 )
+IMPLS = ("auto", "horovod", "torch")
+_said: set = set()  # the implementations this process has named once
+
+
+def chosen_impl(config) -> str:
+    """``"horovod"`` or ``"torch"``: what ``spark.dist.horovod.impl`` asks for, ``auto`` resolved (Horovod
+    where it is installed).
+
+    Raises:
+        ConfigError: the key holds another value, naming it.
+    """
+    import importlib.util
+
+    conf = getattr(config, "spark_conf", None) or {}
+    impl = str(conf.get(CONF_HOROVOD_IMPL, "auto")).strip().lower()
+    if impl not in IMPLS:
+        raise ConfigError(f"{CONF_HOROVOD_IMPL} must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        return "horovod" if importlib.util.find_spec("horovod") is not None else "torch"
+    return impl
 
 
 class HorovodBackend(Backend):
@@ -40,6 +65,7 @@ class HorovodBackend(Backend):
         super().__init__(config)
         self._server = None
         self._thread: Optional[threading.Thread] = None
+        self.impl = chosen_impl(config)
 
     def check_available(self) -> None:
         """Import ``horovod.torch`` on the driver: a missing or broken build fails here, before any job.
@@ -47,6 +73,10 @@ class HorovodBackend(Backend):
         Raises:
             BackendUnavailableError: horovod.torch cannot be imported, or Horovod was built without gloo.
         """
+        if self.impl == "torch":
+            _say_once("torch", "backend='horovod' runs Horovod's API on torch.distributed (spark_dist.horovod), "
+                      f"without Horovod ({CONF_HOROVOD_IMPL}=horovod asks for Horovod itself)")
+            return
         try:
             import horovod.torch as hvd
         except Exception as exc:  # ImportError, or a torch ABI mismatch surfacing as another error
@@ -56,6 +86,8 @@ class HorovodBackend(Backend):
         if not hvd.gloo_built():
             raise BackendUnavailableError(
                 f"backend='horovod' runs Horovod over gloo, but this Horovod was built without it: {INSTALL_HINT}")
+        _say_once("horovod", "backend='horovod' runs Horovod itself "
+                  f"({CONF_HOROVOD_IMPL}=torch runs its API on torch.distributed instead)")
 
     def start(self, ranks: List[RankInfo], driver_host: str, run_id: str,
               bind_address: Optional[str] = None) -> Dict[int, Dict[str, str]]:
@@ -70,6 +102,10 @@ class HorovodBackend(Backend):
             ConfigError: every port ``spark.dist.horovod.rendezvousPort`` allows is taken, naming the key.
             OSError: the server cannot bind ``bind_address``.
         """
+        if self.impl == "torch":  # the ranks meet through the torchrun variables: no server
+            from ..horovod import IMPL_ENV
+
+            return {r.rank: dict(_rank_env(r), **{IMPL_ENV: "torch"}) for r in ranks}
         from horovod.runner.common.util.hosts import SlotInfo
         from horovod.runner.http.http_server import RendezvousHandler
 
@@ -97,9 +133,7 @@ class HorovodBackend(Backend):
         }
         envs = {}
         for r in ranks:
-            env = dict(common, HOROVOD_HOSTNAME=r.host, HOROVOD_RANK=str(r.rank), HOROVOD_SIZE=str(r.world_size),
-                       HOROVOD_LOCAL_RANK=str(r.local_rank), HOROVOD_LOCAL_SIZE=str(r.local_world_size),
-                       HOROVOD_CROSS_RANK=str(r.cross_rank), HOROVOD_CROSS_SIZE=str(r.cross_size))
+            env = dict(common, **_rank_env(r))
             iface = gloo_iface(r.host)
             if iface:
                 env["HOROVOD_GLOO_IFACE"] = iface
@@ -115,6 +149,20 @@ class HorovodBackend(Backend):
             server.shutdown()  # waits for serve_forever to return; would block forever if it never ran
         server.server_close()
         self._thread = None
+
+
+def _rank_env(r: RankInfo) -> Dict[str, str]:
+    return dict(HOROVOD_HOSTNAME=r.host, HOROVOD_RANK=str(r.rank), HOROVOD_SIZE=str(r.world_size),
+                HOROVOD_LOCAL_RANK=str(r.local_rank), HOROVOD_LOCAL_SIZE=str(r.local_world_size),
+                HOROVOD_CROSS_RANK=str(r.cross_rank), HOROVOD_CROSS_SIZE=str(r.cross_size))
+
+
+def _say_once(impl: str, line: str) -> None:
+    if impl not in _said:
+        _said.add(impl)
+        import sys
+
+        sys.stderr.write(f"spark_dist: {line}\n")
 
 
 def _server_class():

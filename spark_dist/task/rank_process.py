@@ -16,6 +16,7 @@ import traceback
 from typing import Dict, Optional
 
 from ..errors import RankFailure, RunResized
+from ..horovod import IMPL_ENV, install_as_horovod
 from ..wire.protocol import INPUT_STATS_KEY, PROGRESS, REPORTS, RESIZE, Job, LaunchSpec
 from ..wire.ranks import RankInfo
 from ..wire.sealed_store import SealedStore, join_store
@@ -68,6 +69,8 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     from . import teardown
 
     os.environ.update(env)
+    if env.get(IMPL_ENV) == "torch":  # backend="horovod" on spark_dist.horovod: `import horovod.torch` finds it
+        install_as_horovod(force=True)
     teardown.keep_process_groups_until_exit()  # a rank that frees its DDP model could hang at exit otherwise
     faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout

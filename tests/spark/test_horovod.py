@@ -14,7 +14,7 @@ import pytest
 from spark_dist import ConfigError, Distributor, HorovodRunner, TrainingFailedError, get_context
 from spark_dist.backends.horovod import HorovodBackend
 from spark_dist.errors import BackendUnavailableError
-from spark_dist.config import CONF_HOROVOD_RENDEZVOUS_PORT
+from spark_dist.config import CONF_HOROVOD_IMPL, CONF_HOROVOD_RENDEZVOUS_PORT
 from spark_dist.wire.ranks import TaskInfo, assign_ranks
 from spark_dist.wire.sealed_store import bind_listener
 
@@ -207,12 +207,33 @@ def test_horovod_runner_np_zero_uses_every_slot(spark_standalone):
     assert out["size"] == 2  # the cluster's two 1-core executors
 
 
-# -- without Horovod ----------------------------------------------------------------------------------------
-def test_missing_horovod_fails_before_any_job_and_ddp_still_works(spark_local, monkeypatch):
+# -- Horovod's API on torch.distributed (spark_dist.horovod) --------------------------------------------------
+@needs_horovod
+def test_the_same_horovod_program_trains_alike_on_horovod_and_on_torch_distributed(spark_local, runtime_conf,
+                                                                                   capfd):
+    runtime_conf(CONF_HOROVOD_IMPL, "horovod")
+    real = Distributor(2, backend="horovod", verbose=False).run(train_linear, steps=30)
+    runtime_conf(CONF_HOROVOD_IMPL, "torch")
+    ours = Distributor(2, backend="horovod", verbose=False).run(train_linear, steps=30)
+    Distributor(2, backend="horovod", verbose=False).run(train_linear, steps=1)
+    _check_training(ours)
+    assert ours["weights"].allclose(real["weights"], atol=1e-6)
+    assert max(abs(a - b) for a, b in zip(ours["losses"], real["losses"])) < 1e-6
+    said = capfd.readouterr().err
+    assert said.count("backend='horovod' runs Horovod's API on torch.distributed (spark_dist.horovod)") == 1
+
+
+def test_without_horovod_its_api_runs_on_torch_distributed_and_asking_for_horovod_fails_before_any_job(
+        spark_local, runtime_conf, monkeypatch):
     for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "horovod", None)  # `import horovod...` now raises ImportError
+    _check_ranks(Distributor(2, backend="horovod", verbose=False).run(describe_ranks))  # auto: ours
+    runtime_conf(CONF_HOROVOD_IMPL, "horovod")
     with pytest.raises(BackendUnavailableError) as info:
         Distributor(2, backend="horovod", verbose=False).run(describe_ranks)
-    assert "make env" in str(info.value) and "pip install spark_dist[horovod]" in str(info.value)
+    assert "make env" in str(info.value) and f"{CONF_HOROVOD_IMPL}=torch" in str(info.value)
+    runtime_conf(CONF_HOROVOD_IMPL, "mpi")
+    with pytest.raises(ConfigError, match=f"{CONF_HOROVOD_IMPL} must be one of auto, horovod, torch, got 'mpi'"):
+        Distributor(2, backend="horovod", verbose=False).run(describe_ranks)
     assert Distributor(2, backend="ddp", verbose=False).run(ddp_allreduce) == 2.0

@@ -13,7 +13,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 # Lowest first; a module may import its own layer and those below it.
 LAYERS = [
     ["spark_dist.errors"],
-    ["spark_dist.wire", "spark_dist.host"],
+    ["spark_dist.wire", "spark_dist.host", "spark_dist.horovod"],
     ["spark_dist.spark"],
     ["spark_dist.config"],
     ["spark_dist.data", "spark_dist.backends"],
