@@ -6,7 +6,7 @@ LINES ?= 4 3.5
 SPARK_LINE ?= 4
 venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env env35 env-mosaic demo test bench docs mutants clean
+.PHONY: env env35 env-mosaic demo test bench soak docs mutants clean
 env:
 	@bash scripts/setup_env.sh 4
 
@@ -29,6 +29,17 @@ bench:
 	@for line in $(LINES); do for b in $(BENCHES); do \
 	  $(MAKE) --no-print-directory bench-$$b SPARK_LINE=$$line || exit 1; done; done
 	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md
+
+# The fault campaign, long: FAULTS faults drawn from SEED on each line (tests/chaos, bench/bench_chaos.py); its
+# figures go to bench/results/chaos-spark<line>.json and BENCHMARKS.md. A violation prints the seed to rerun.
+SEED ?= 1
+FAULTS ?= 200
+soak:
+	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
+	@rc=0; for line in $(LINES); do venv=.venv; [ "$$line" = 3.5 ] && venv=.venv-spark35; \
+	  $$venv/bin/python bench/bench_chaos.py --seed $(SEED) --faults $(FAULTS) \
+	    --out bench/results/chaos-spark$$line.json || rc=1; done; \
+	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md; exit $$rc
 
 bench-%:
 	@bash scripts/setup_env.sh $(SPARK_LINE)

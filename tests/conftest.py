@@ -71,7 +71,8 @@ from clusters import (  # noqa: E402
 )
 
 MARKER = os.environ[SESSION_MARKER]
-KINDS = ("unit", "spark", "e2e")  # tests/unit: no JVM; tests/spark: shared sessions; tests/e2e: subprocesses
+# tests/unit: no JVM; tests/spark: shared sessions; tests/chaos: the fault campaign, on them; tests/e2e: subprocesses
+KINDS = ("unit", "spark", "chaos", "e2e")
 _manager = None
 
 

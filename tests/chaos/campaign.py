@@ -123,7 +123,7 @@ class Campaign:
                 error = None
         wall = time.monotonic() - started
         record = RunRecord(index, fault, _ending(out, error), round(wall, 2), round(self.bound(fault), 1),
-                           _recovery(beacons, fault))
+                           None if error is not None else _recovery(beacons, fault, out["attempt"]))
         record.violations += self._check(fault, out, error, wall, run_dir, beacons)
         self._release(fault, disk)
         self.records.append(record)
@@ -236,12 +236,17 @@ def _no_rank_left(beacons: str, fault: Fault) -> List[str]:
     return found
 
 
-def _recovery(beacons: str, fault: Fault) -> Optional[float]:
+def _recovery(beacons: str, fault: Fault, final_attempt: int) -> Optional[float]:
+    """Seconds from the fault to training again: to the first step of the attempt that finished the run, when
+    the fault cost an attempt; else to the second step rank 0 finished after it (the first may have been in
+    flight when the fault hit)."""
     if fault.fired_at is None or not os.path.exists(os.path.join(beacons, "steps")):
         return None
     with open(os.path.join(beacons, "steps")) as f:
-        after = [float(line.split()[3]) for line in f if line.strip() and float(line.split()[3]) > fault.fired_at]
-    return round(min(after) - fault.fired_at, 3) if after else None
+        steps = [(int(a), float(t)) for a, _, _, t in (line.split() for line in f if line.strip())]
+    after = sorted(t for a, t in steps if t > fault.fired_at and (a == final_attempt or not final_attempt))
+    needed = 0 if final_attempt else 1
+    return round(after[needed] - fault.fired_at, 3) if len(after) > needed else None
 
 
 def _alive(pid: int) -> bool:

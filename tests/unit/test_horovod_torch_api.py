@@ -5,16 +5,23 @@ spark_dist's implementation and, where a Horovod build is installed, once with r
 spark_dist's Horovod backend starts it; the tests assert exact values, and that both implementations agree on
 everything both can run (a few things only spark_dist's runs: SyncBatchNorm on CPU tensors, elastic outside
 Horovod's elastic driver, and the calls it does not cover).
+
+It runs on the Spark 3.5 line only: neither implementation touches Spark, and both lines pin the same torch and
+build the same Horovod, so a second run would test the same thing again within the suite's time budget.
 """
 import copy
 import sys
 import time
 import warnings
 
+import pyspark
 import pytest
 import torch
 
 from tests.unit.horovod_ranks import assert_same, error_of, real_horovod_available, run_horovod_ranks
+
+pytestmark = pytest.mark.skipif(not pyspark.__version__.startswith("3.5"),
+                                reason="the same torch and Horovod on both lines: run on the 3.5 line's suite")
 
 needs_horovod = pytest.mark.skipif(not real_horovod_available(), reason="no Horovod build installed (make env)")
 
