@@ -110,9 +110,6 @@ def _check_ranks(out):
 
 
 @needs_horovod
-
-
-@needs_horovod
 def test_hvd_init_just_works_standalone(spark_standalone):
     _check_ranks(Distributor(2, backend="horovod", verbose=False).run(describe_ranks))
 
@@ -123,9 +120,6 @@ def _check_training(out):
     assert bool((weights[0] == weights[1]).all()), "ranks ended with different weights"
     losses = out["losses"]
     assert losses[-1] < 0.1 * losses[0], losses
-
-
-@needs_horovod
 
 
 @needs_horovod
