@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 from ..data import prepare
 from ..task import checkpoint_dirs, output
 from ..spark import session, worker_python
-from . import elastic, slots, tracking
+from . import elastic, slots, summary, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
 from ..wire.protocol import INPUT_STATS_KEY, LOG_KEY, REPORT_KEYS
@@ -350,25 +350,12 @@ class Distributor:
         arrived: ``rank``, ``attempt``, ``time`` (a timestamp) and one column per metric, ready to plot
         (``d.history_frame().query("rank == 0").plot(x="epoch", y="loss")``); with the driver's rows (no
         ``rank``) of each resize and preemption: ``event``, ``world_size``, ``reason``."""
-        return history_frame(self.history)
+        return summary.history_frame(self.history)
 
     def _summary(self, config: RunConfig, attempt: int, seconds: float) -> None:
         self._bar.close()
-        if not self.verbose:
-            return
-        last = next((r for r in reversed(self.history) if r.get("rank") == 0), None)
-        tail = "" if last is None else "; last report: " + " ".join(
-            f"{k}={_fmt(v)}" for k, v in last.items() if k not in REPORT_KEYS)
-        where = "local processes" if config.local_mode else "Spark barrier tasks"
-        retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
-        print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
-              f"finished in {seconds:.2f}s{retried}{tail}", flush=True)
-        for stats in sorted(self.input_stats, key=lambda r: r["rank"]):
-            share = stats["input_wait_seconds"] / max(stats["train_seconds"], 1e-9)
-            hint = "  <- input-bound: raise batch_size or give the loader more cores" if share > 0.3 else ""
-            print(f"[spark_dist]   rank {stats['rank']}: waited {stats['input_wait_seconds']:.2f}s for data in "
-                  f"{stats['train_seconds']:.2f}s of training ({share:.0%}), {stats['batches']} batches{hint}",
-                  flush=True)
+        if self.verbose:
+            summary.print_summary(config, attempt, seconds, self.history, self.input_stats)
 
 
 def _spark_conf(spark) -> Dict[str, str]:
@@ -378,21 +365,7 @@ def _spark_conf(spark) -> Dict[str, str]:
     return session.conf_snapshot(spark, keys.RUNTIME_KEYS)
 
 
-def history_frame(records: List[Dict[str, Any]]):
-    """``records`` (reports or per-epoch history) as a pandas DataFrame; ``time`` as timestamps."""
-    import pandas as pd
-
-    frame = pd.DataFrame.from_records(list(records))
-    if "time" in frame.columns:
-        frame["time"] = pd.to_datetime(frame["time"], unit="s")
-    return frame
-
-
 def _retry_wait(config: RunConfig, started: float) -> float:
     """How long a retry may wait for slots: ``spark.dist.retrySlotWaitTimeout``, within the run's timeout."""
     left = float("inf") if config.timeout is None else config.timeout - (time.monotonic() - started)
     return max(min(config.retry_slot_wait_timeout, left), 0.0)
-
-
-def _fmt(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

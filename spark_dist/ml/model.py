@@ -180,7 +180,7 @@ class TorchModel(Model, TorchParams, TorchPersistence):
 
     def history_frame(self):
         """:attr:`history` as a pandas DataFrame, one row per epoch, ready to plot."""
-        from ..driver.distributor import history_frame
+        from ..driver.summary import history_frame
 
         return history_frame(self._history)
 
