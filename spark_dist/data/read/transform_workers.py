@@ -51,7 +51,7 @@ from collections import deque
 from multiprocessing.connection import wait as _wait_any
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from . import worker_processes
+from . import transform_errors, worker_processes
 from .transform_errors import TransformError, TransformPickleError, check_timeout
 from .transform_process import apply, batch_seed, encode, recv, seed_for, send
 
@@ -333,31 +333,18 @@ class TransformWorkers:
         w = late[0]
         _, index, epoch = self._sent[w][0]
         if self._pids[w] is None:
-            self._close_broken(TransformError(
-                f"dataset {self.dataset!r}: transform worker {w} did not start within {self._limit(w):g} s (it "
-                f"was to transform batch {index} of epoch {epoch}), so the transform workers were stopped; "
-                "something its start imports may hang (a module on an unreachable filesystem)", self.dataset,
-                epoch, index))
-        self._close_broken(TransformError(
-            f"dataset {self.dataset!r}: transform worker process {self._pids[w]} did not finish batch {index} of "
-            f"epoch {epoch} within timeout={self.timeout:g} s, so the transform workers were stopped; if a batch "
-            "can take that long, pass a larger timeout= (None: no limit)", self.dataset, epoch, index))
+            self._close_broken(transform_errors.not_started(self.dataset, w, self._limit(w), epoch, index))
+        self._close_broken(transform_errors.too_slow(self.dataset, self._pids[w], self.timeout, epoch, index))
 
     def _out_of_step(self, w: int, due: int, answered: int) -> None:
-        """Worker ``w`` answered another batch than the one due: the stream cannot be trusted. Close the pool
-        and raise ``RuntimeError``."""
-        self._close_broken(RuntimeError(
-            f"dataset {self.dataset!r}: transform worker process {self._pids[w]} answered batch {answered} when "
-            f"batch {due} was due (its answers are out of step with the batches sent), so the transform workers "
-            "were stopped"))
+        """Worker ``w`` answered another batch than the one due: close the pool and raise ``RuntimeError``."""
+        self._close_broken(transform_errors.out_of_step(self.dataset, self._pids[w], due, answered))
 
     def _lost(self, w: int) -> None:
         """Worker ``w`` closed its socket: it died. Close the pool and raise :class:`TransformError`."""
         pid, how = worker_processes.how_it_ended(self._procs[0], w, self._pid(w))
-        run, index, epoch = self._sent[w][0] if self._sent[w] else (None, None, None)
-        doing = f" while transforming batch {index} of epoch {epoch}" if index is not None else ""
-        self._close_broken(TransformError(f"dataset {self.dataset!r}: transform worker process {pid} {how}{doing}; "
-                                          "its output above may say why", self.dataset, epoch, index))
+        _, index, epoch = self._sent[w][0] if self._sent[w] else (None, None, None)
+        self._close_broken(transform_errors.died(self.dataset, pid, how, epoch, index))
 
     def _close_broken(self, error: Exception) -> None:
         """Close the pool, then raise ``error``, which later calls raise again."""
