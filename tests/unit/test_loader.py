@@ -329,27 +329,41 @@ def test_a_state_of_another_batch_size_resumes_at_an_epoch_boundary_only(small_d
 
 
 def test_windows_to_read_are_those_the_batches_from_the_resume_point_need():
+    from spark_dist.data.read.epoch_order import window_batches
     from spark_dist.data.read.loader_state import windows_to_read
 
+    def replayed(rows, bs, drop_last, todo):
+        """The batches of the windows read, as the loader makes them: each window's own rows (labelled) in a shuffle
+        of their own, after the rows the window before carried over, or a placeholder of as many ("?")."""
+        carry, out, last = ["?"] * (todo[0][2] if todo else 0), [], len(rows) - 1
+        for index, skipped, carried_in in todo:
+            assert len(carry) == carried_in
+            window = carry + [(index, i) for i in np.random.default_rng(index).permutation(rows[index])]
+            cut = len(window) if index == last and not drop_last else len(window) // bs * bs
+            out += [window[s:s + bs] for s in range(0, cut, bs)][skipped:]
+            carry = window[cut:]
+        return out
+
     rng = np.random.default_rng(0)
-    for _ in range(200):
+    for _ in range(300):
         rows = rng.integers(1, 60, size=rng.integers(1, 8)).tolist()
         bs, drop_last = int(rng.integers(1, 20)), bool(rng.integers(2))
-        total = sum(rows) // bs if drop_last else -(-sum(rows) // bs)
+        layout = window_batches(rows, bs, drop_last)
+        total = sum(count for _, _, count in layout)
+        whole = replayed(rows, bs, drop_last, windows_to_read(rows, bs, drop_last, 0))
+        assert len(whole) == total
         if total:  # from the start: every window, as before resuming existed
-            assert windows_to_read(rows, bs, drop_last, 0) == [(i, 0) for i in range(len(rows))]
+            assert windows_to_read(rows, bs, drop_last, 0) == [(i, 0, kept) for i, (kept, _, _) in enumerate(layout)]
         for skip in range(total + 1):
-            todo = windows_to_read(rows, bs, drop_last, skip)
-            assert [i for i, _ in todo] == list(range(todo[0][0] if todo else len(rows), len(rows)))
-            # Replaying the batching over the windows read only gives the batches from `skip` on.
-            carried, got, previous, last = 0, 0, -1, len(rows) - 1
-            for index, skipped in todo:
-                carried = carried if index == previous + 1 else 0
-                n = carried + rows[index]
-                cut = n if index == last and not drop_last else n // bs * bs
-                got += -(-cut // bs) - skipped
-                carried, previous = n - cut, index
-            assert got == total - skip
+            for stop in sorted({total, min(total, skip + int(rng.integers(1, 4)))}):
+                todo = windows_to_read(rows, bs, drop_last, skip, stop)
+                if todo:
+                    assert [i for i, _, _ in todo] == list(range(todo[0][0], todo[-1][0] + 1))
+                # The batches from `skip` on are those of the whole epoch, none holding a placeholder's row.
+                assert replayed(rows, bs, drop_last, todo)[:stop - skip] == whole[skip:stop]
+                if todo and min(rows[:-1], default=bs) >= bs:  # a loader's windows: one before batch skip's at most
+                    at = max(w for w in range(len(layout)) if sum(c for _, _, c in layout[:w]) <= skip)
+                    assert todo[0][0] >= at - 1
 
 
 def test_the_data_modules_import_no_cycle_not_even_inside_functions():

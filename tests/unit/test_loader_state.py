@@ -135,14 +135,93 @@ def test_windows_read_to_make_a_stretch_of_batches():
     # Windows of 80, 160, 160 and 100 rows in batches of 24 with drop_last: 3 batches (8 rows carried over), 7 (none
     # carried), 6 (16 carried), then 4 (20 rows dropped): batches 0-2, 3-9, 10-15, 16-19.
     rows = [80, 160, 160, 100]
-    assert windows_to_read(rows, 24, True, 0) == [(0, 0), (1, 0), (2, 0), (3, 0)]
-    assert windows_to_read(rows, 24, True, 0, stop=2) == windows_to_read(rows, 24, True, 0, stop=3) == [(0, 0)]
+    assert windows_to_read(rows, 24, True, 0) == [(0, 0, 0), (1, 0, 8), (2, 0, 0), (3, 0, 16)]
+    assert windows_to_read(rows, 24, True, 0, stop=2) == windows_to_read(rows, 24, True, 0, stop=3) == [(0, 0, 0)]
     # Batches 5 to 8 are in window 1, which takes 8 rows of window 0 over: window 0 is read, its 3 batches not
     # yielded, then 2 of window 1's.
-    assert windows_to_read(rows, 24, True, 5, stop=9) == [(0, 3), (1, 2)]
-    assert windows_to_read(rows, 24, True, 10) == [(2, 0), (3, 0)]  # window 2 takes nothing over
-    assert windows_to_read(rows, 24, True, 17) == [(2, 6), (3, 1)]
+    assert windows_to_read(rows, 24, True, 5, stop=9) == [(0, 3, 0), (1, 2, 8)]
+    assert windows_to_read(rows, 24, True, 10) == [(2, 0, 0), (3, 0, 16)]  # window 2 takes nothing over
+    assert windows_to_read(rows, 24, True, 17) == [(2, 6, 0), (3, 1, 16)]
     assert windows_to_read(rows, 24, True, 20) == []
-    # 50-row windows, no drop_last: every window carries rows into the next, so the last batch needs them all.
-    assert windows_to_read([50, 50, 50], 24, False, 2, stop=4) == [(0, 2), (1, 0)]
-    assert windows_to_read([50, 50, 50], 24, False, 6) == [(0, 2), (1, 2), (2, 2)]
+    # 50-row windows, no drop_last: every window carries rows into the next, but only rows of its own, so the
+    # last batch needs windows 1 (after a placeholder of the 2 rows it took over) and 2, not window 0.
+    assert windows_to_read([50, 50, 50], 24, False, 2, stop=4) == [(0, 2, 0), (1, 0, 2)]
+    assert windows_to_read([50, 50, 50], 24, False, 6) == [(1, 2, 2), (2, 2, 4)]
+    # Windows smaller than a batch carry over rows they took over too: back to the window those come from.
+    assert windows_to_read([10, 10, 30], 24, True, 0) == [(0, 0, 0), (1, 0, 10), (2, 0, 20)]
+
+
+@pytest.fixture
+def many_windows(tmp_path, monkeypatch):
+    """3,000 rows (an id, a text) in row groups of 50, blocks of 8 rows: a rank's epoch is many shuffle windows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_dist.data.handle import describe_files
+    from spark_dist.data.read import epoch_order
+
+    monkeypatch.setattr(epoch_order, "BLOCK_ROWS", 8)
+    path = tmp_path / "part-0.parquet"
+    ids = np.arange(3000)
+    pq.write_table(pa.table({"id": ids, "text": pa.array([f"t{i}" for i in ids])}), path, row_group_size=50)
+    return describe_files("many", f"file://{tmp_path}", [f"file://{path}"], {"id": "scalar", "text": "string"}, {})
+
+
+def noisy(batch):
+    """A transform drawing from its batch's seeded generator: a resumed batch draws what it drew uninterrupted."""
+    return {**batch, "noise": torch.rand(3)}
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("window, batch_size", [(100, 24), (70, 16), (150, 32), (45, 7)])
+def test_a_resume_reads_no_window_before_the_one_its_place_takes_rows_from(many_windows, monkeypatch, shuffle,
+                                                                            drop_last, window, batch_size):
+    # Windows of `window` rows (a quarter and a half of that first), not a multiple of the batch size: almost every
+    # window takes rows over from the one before. Resuming near the epoch's end or in its middle reads the window of
+    # the resume point, the one before it (for the rows it carries over) and those after; nothing earlier is
+    # decoded or gathered, and the batches (their rows, order and transform's draws) are the uninterrupted ones.
+    from spark_dist.data.read import loader as loader_module
+    from spark_dist.data.read.epoch_order import window_batches
+    from spark_dist.data.read.variable_size import row_bytes
+
+    monkeypatch.setattr(loader_module, "_WINDOW_BYTES", window * (8 + row_bytes([many_windows.column("text")])))
+
+    def loader(**kwargs):
+        return make_loader(many_windows, rank=1, world_size=2, batch_size=batch_size, seed=4, epoch=2,
+                           shuffle=shuffle, drop_last=drop_last, **kwargs)
+
+    whole, transformed = list(loader()), list(loader(transform=noisy))
+    plan = list(loader()._window_runs())
+    own = [sum(end - first for _, first, end in runs) for runs in plan]
+    layout = window_batches(own, batch_size, drop_last)
+    assert len(plan) > 10 and sum(1 for kept, _, _ in layout if kept) > len(plan) // 2
+    gathered, decoded = [0], [0]
+    real_gather, real_decode = loader_module.ShardLoader._gather, loader_module.ShardLoader._decode
+
+    def counting_gather(self, decoded_groups, runs, carry, index):
+        rows = real_gather(self, decoded_groups, runs, carry, index)
+        gathered[0] += len(next(iter(rows.values())))
+        return rows
+
+    def counting_decode(self, group):
+        starts, chunks = real_decode(self, group)
+        decoded[0] += int(starts[-1])
+        return starts, chunks
+
+    monkeypatch.setattr(loader_module.ShardLoader, "_gather", counting_gather)
+    monkeypatch.setattr(loader_module.ShardLoader, "_decode", counting_decode)
+    for k in (len(whole) - 2, len(whole) // 2):
+        at = max(w for w in range(len(layout)) if sum(c for _, _, c in layout[:w]) <= k)  # the window of batch k
+        read = range(at - 1 if layout[at][0] else at, len(plan))
+        # The rows of each window read (those it took over, then its own), and the rows of their row groups.
+        expected_rows = (sum(layout[w][0] + own[w] for w in read), 50 * len({g for w in read for g, _, _ in plan[w]}))
+        for kwargs, expected in (({}, whole), ({"transform": noisy}, transformed)):
+            resumed = loader(**kwargs)
+            resumed.load_state_dict({**resumed.state_dict(), "batches": k})
+            gathered[0] = decoded[0] = 0
+            assert batches_equal(list(resumed), expected[k:])
+            assert (gathered[0], decoded[0]) == expected_rows, (
+                f"resume at batch {k} of {len(whole)} (window {at} of {len(plan)}): gathered {gathered[0]} rows and "
+                f"decoded {decoded[0]}, expected {expected_rows}, of the rank's {sum(own)}")

@@ -147,12 +147,17 @@ class ShardLoader(Resumable):
         if window:
             yield window
 
-    def _gather(self, decoded: dict, runs, carry: Optional[Dict[str, np.ndarray]], window: int):
+    def _gather(self, decoded: dict, runs, carry: Union[None, int, Dict[str, np.ndarray]], window: int):
         """Copy the runs' rows (after ``carry``) into one fresh array per column, shuffled as they land.
 
         The one copy a row gets: out of pyarrow's buffers, into its place in the window, cast on the way.
+        ``carry``: the rows the window before carried over (``None``: none), or their number only, where that
+        window was not read (:func:`.loader_state.windows_to_read`): a placeholder of as many rows (zeros, nulls)
+        then stands for them. The window's own rows land where they would after the real ones (their places
+        depend on that number only), and a window carries over its own rows only, so the placeholder's rows
+        reach no batch but the window's own, which such a window does not yield.
         """
-        kept = len(next(iter(carry.values()))) if carry else 0
+        kept = carry if isinstance(carry, int) else len(next(iter(carry.values()))) if carry else 0
         total = sum(end - first for _, first, end in runs)
         dest = (np.random.default_rng([self.seed, self.epoch, 2, self.rank, window]).permutation(total) + kept
                 if self.shuffle else None)
@@ -160,7 +165,7 @@ class ShardLoader(Resumable):
                                 dtype=self._np_dtypes[c.name] or c.dtype) for c in self._numbers}
         if kept:
             for name, arr in out.items():
-                arr[:kept] = carry[name]
+                arr[:kept] = 0 if isinstance(carry, int) else carry[name]
         if dest is not None:
             # The window's order is random anyway: place its rows by chunk of pyarrow's output, one copy call
             # per chunk and column instead of one per block (the Python loop was the cost, not the copy).
@@ -187,15 +192,17 @@ class ShardLoader(Resumable):
                 at, first, k = at + n, stop, k + 1
         if self._variable:  # the same runs, each row to the same place: every column of a batch has the same rows
             order = variable_size.window_order(dest, kept)
-            out.update({c.name: variable_size.gather_column(c.name, decoded, runs, order, carry and carry[c.name])
+            out.update({c.name: variable_size.gather_column(c.name, decoded, runs, order, _carried(carry, c.name,
+                                                                                                  decoded, runs))
                         for c in self._variable})
             out = {c.name: out[c.name] for c in self.columns}
         return out
 
     def _windows(self, skip: int, stop: int) -> Iterator[List[Dict]]:
         """Lists of batches (dicts of CPU tensors), one list per shuffle window, batches ``[skip, stop)`` of the
-        epoch (the windows before them are gathered only where they carry rows over, and none after them:
-        .loader_state.windows_to_read).
+        epoch. Of the windows before them, only the one the first of them takes rows over from is gathered
+        (after a placeholder of the rows it took over itself), and none after them:
+        .loader_state.windows_to_read.
 
         Row groups are decoded by ``_DECODE_WORKERS`` threads, one row group each, up to ``_DECODE_AHEAD``
         row groups ahead of the window being gathered: decoding (pyarrow, no GIL) and the shuffling copy
@@ -213,7 +220,7 @@ class ShardLoader(Resumable):
                                self.drop_last, skip, stop)
         left = stop - skip  # batches still to make: none past `stop`
         need_order, last_use = [], {}
-        for index, _ in todo:
+        for index, _, _ in todo:
             for group, _, _ in plan[index]:
                 if group not in last_use:
                     need_order.append(group)
@@ -222,12 +229,11 @@ class ShardLoader(Resumable):
                                      thread_name_prefix=f"spark_dist-decode-{self.handle.name}-rank{self.rank}")
         pending: Dict[int, "Future"] = {}
         submitted = 0
-        carry, bs, previous = None, self.batch_size, -1
+        bs = self.batch_size
+        carry = todo[0][2] if todo else None  # the first window read: a placeholder of the rows it carries in
         try:
-            for index, skipped in todo:
+            for index, skipped, _ in todo:
                 runs, t0 = plan[index], time.perf_counter()
-                carry = carry if index == previous + 1 else None  # a window not read carried nothing over
-                previous = index
                 wanted = {group for group, _, _ in runs}
                 # This window's row groups, then up to _DECODE_AHEAD more in the order windows need them.
                 while submitted < len(need_order) and (
@@ -313,3 +319,15 @@ class ShardLoader(Resumable):
         place, start, total = self._begin(epoch)
         with contextlib.closing(self._placed(place)) as placed:
             yield from counted(self, epoch, (batch for _, batch in placed), start, total)
+
+
+def _carried(carry: Union[None, int, Dict], name: str, decoded: dict, runs):
+    """A variable-size column's part of ``carry`` (see ``ShardLoader._gather``): its rows, ``None``, or for a
+    placeholder of ``carry`` rows as many nulls of the column's type."""
+    if not isinstance(carry, int):
+        return carry and carry[name]
+    if not carry:
+        return None
+    import pyarrow as pa
+
+    return pa.nulls(carry, decoded[runs[0][0]][1][name][0].type)

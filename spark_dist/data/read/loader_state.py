@@ -5,8 +5,8 @@
   of ranks (:mod:`.dealt_epoch`).
 - :func:`windows_to_read`: which shuffle windows an iteration resuming at batch ``k`` must still gather. Every
   batch after the resume point is the batch an uninterrupted epoch gives: the windows, the rows they carry
-  over and their shuffles are the same; only the windows before ``k`` whose rows no window read takes over are
-  not read at all.
+  over and their shuffles are the same. Of the windows before the one of batch ``k``, only the one it takes rows
+  over from is read: a loader's windows carry over rows of their own only, never those they took over themselves.
 - :func:`counted`: the one place a loader counts the batches it yields (its place, its totals, its progress).
 - :class:`EpochSampler`: the ``loader.sampler`` that Lightning's fit loop calls ``set_epoch`` on at each epoch's
   start (``lightning.fabric.utilities.data._set_sampler_epoch`` looks for ``sampler`` and
@@ -85,28 +85,35 @@ def checked_state(loader, state: Dict) -> Tuple[int, Union[int, Tuple[int, int]]
 
 
 def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, skip: int,
-                    stop: Optional[int] = None) -> List[Tuple[int, int]]:
-    """``(window, batches of it not yielded)`` for each window an iteration gathers when it starts at batch
-    ``skip`` of the epoch (and ends before batch ``stop``, if given); ``window_rows`` are the rows each window
-    takes from the files, in order.
+                    stop: Optional[int] = None) -> List[Tuple[int, int, int]]:
+    """``(window, batches of it not yielded, rows it carries in)`` for each window an iteration gathers when it
+    starts at batch ``skip`` of the epoch (and ends before batch ``stop``, if given); ``window_rows`` are the
+    rows each window takes from the files, in order.
 
     The batching is the loader's (:func:`.epoch_order.window_batches`): a window's rows follow the rows the
     previous one carried over, it yields every full batch of them (the last window also its partial batch,
-    unless ``drop_last``) and carries the rest over to the next. So the windows read are those from the one
-    that yields batch ``skip`` on (up to the one that yields batch ``stop - 1``), and before it each window
-    whose rows the next one read takes over (its batches are gathered, not yielded).
+    unless ``drop_last``) and carries the rest, its rows ``[cut, ...)``, over to the next. So the windows read
+    are those from the one that yields batch ``skip`` on (up to the one that yields batch ``stop - 1``), and
+    before it each window whose rows the next one read takes over (its batches are gathered, not yielded), back
+    to one whose carry-out holds none of the rows it carried in (``cut`` at or past them): that one, the first
+    read, is gathered after a placeholder of the rows it carries in, whose content nothing yielded or carried
+    over holds. Where every window but the last holds at least ``batch_size`` rows (a loader's do), that is
+    the window before the one of batch ``skip`` at most.
     """
     layout = window_batches(window_rows, batch_size, drop_last)
-    carried_in, counts = [kept for kept, _, _ in layout], [count for _, _, count in layout]
+    counts = [count for _, _, count in layout]
     before = [sum(counts[:i]) for i in range(len(counts))]  # batches yielded before each window
     first = next((i for i, c in enumerate(counts) if before[i] + c > skip), None)
     if first is None:
         return []
-    while first > 0 and carried_in[first]:
+    while first > 0 and layout[first][0]:  # it takes rows over: read the window they come from
         first -= 1
+        kept, cut, _ = layout[first]
+        if cut >= kept:  # they are its own rows: the rows it took over are not needed
+            break
     end = len(counts) if stop is None else next((i for i in range(first, len(counts)) if before[i] >= stop),
                                                 len(counts))
-    return [(i, min(counts[i], max(0, skip - before[i]))) for i in range(first, end)]
+    return [(i, min(counts[i], max(0, skip - before[i])), layout[i][0]) for i in range(first, end)]
 
 
 def counted(loader, epoch: int, batches: Iterable[Any], start: int, total: int) -> Iterator[Any]:
