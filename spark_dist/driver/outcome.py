@@ -15,7 +15,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from ..config import CONF_HOST_LOST_TIMEOUT, CONF_RENDEZVOUS_TIMEOUT, CONF_STORE_PORT
 from ..errors import RankFailure, root_cause
-from ..wire.protocol import ResultChunk
+from ..wire.protocol import NO_STACK, ResultChunk
 from ..wire.ranks import RankInfo, TaskInfo
 
 
@@ -106,15 +106,23 @@ def _on_driver(seen: AttemptEvidence) -> AttemptEvidence:
 
 
 def _timed_out(seen: AttemptEvidence) -> List[RankFailure]:
+    """The ranks asked for their stacks, a rank that could not give one first (stopped, or stuck outside
+    Python: the one its peers wait for), then in rank order; reports after the abort only for the others."""
     message = f"the run exceeded timeout={seen.timeout:g}s"
-    hung = [RankFailure(r.rank, r.host, "timeout", message, traceback=seen.stacks[r.rank], seq=r.rank + 1)
-            for r in seen.ranks if r.rank in seen.stacks]
+    asked = sorted((r for r in seen.ranks if r.rank in seen.stacks),
+                   key=lambda r: (not seen.stacks[r.rank].startswith(NO_STACK), r.rank))
+    hung = [RankFailure(r.rank, r.host, "timeout", _with_why(message, seen.stacks[r.rank]),
+                        traceback=seen.stacks[r.rank], seq=n + 1) for n, r in enumerate(asked)]
     # Whatever a rank reported after the timeout's abort echoes it (an all-reduce that lost the rank we
     # stopped first): the stacks lead, and such a report stands only for a rank without one.
     echoes = _after(seen.failures, len(seen.ranks) + 1, skip=set(seen.stacks))
     return hung + echoes or [RankFailure(
         None, seen.driver_host, "timeout",
         message + (" while the ranks were starting" if seen.ranks else " before every rank started"))]
+
+
+def _with_why(message: str, stack: str) -> str:
+    return f"{message}; {stack[len(NO_STACK):].rstrip(')')}" if stack.startswith(NO_STACK) else message
 
 
 def _rendezvous_failure(seen: AttemptEvidence) -> RankFailure:

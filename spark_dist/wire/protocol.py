@@ -60,6 +60,7 @@ RESIZE = "resize"
 REPORT_KEYS = ("rank", "attempt", "time")  # what every ``reports`` record carries besides the user's metrics
 LOG_KEY = "_log"  # a ``reports`` record holding a log_to_driver message, not metrics
 INPUT_STATS_KEY = "_input_stats"  # a ``reports`` record holding a rank's input statistics, not metrics
+NO_STACK = "(no stack: "  # how a ``stack`` value starts when the rank could not give one, then why, then ")"
 PREEMPTED = "preempted: "  # how the ``resize`` reason for a decommissioned executor starts (ctx.preempted reads it)
 
 

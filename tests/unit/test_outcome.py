@@ -5,7 +5,7 @@ import pytest
 
 from spark_dist.errors import RankFailure, root_cause
 from spark_dist.driver.outcome import AttemptEvidence, JobError, outcome_of, worth_retrying
-from spark_dist.wire.protocol import ResultChunk, TaskOutcome, TaskStatus
+from spark_dist.wire.protocol import NO_STACK, ResultChunk, TaskOutcome, TaskStatus
 from spark_dist.wire.ranks import TaskInfo, assign_ranks
 
 # Four tasks on two executors of one host (a local-cluster with 2-core executors), two on each; task 1 and
@@ -85,6 +85,10 @@ def test_a_run_that_finished_returns_rank_0s_result(case, what, expected):
     ("the timeout leads: ranks with a dumped stack, then a report only for a rank without one",
      dict(timed_out=True, stacks={0: "File x", 1: "File y"}, failures=(raised(1), echo(3, 2))),
      [(0, "timeout"), (1, "timeout"), (3, "exception")], True),
+    ("a rank that could not give its stack (stopped, stuck outside Python) leads over a peer waiting for it",
+     dict(timed_out=True, stacks={0: 'File "torch/autograd/graph.py", line 979 in _engine_run_backward',
+                                  1: NO_STACK + "the process is stopped"}),
+     [(1, "timeout"), (0, "timeout")], True),
     ("a timeout before every rank started names no rank", dict(timed_out=True, ranks=(), tasks=()),
      [(None, "timeout")], True),
     # The tasks' own backstop and the cancelled job follow the driver's rendezvous abort: not a "lost" task.
