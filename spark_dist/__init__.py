@@ -7,10 +7,11 @@ from .task.context import TrainContext, get_context, log_to_driver  # noqa: E402
 from .errors import (ClusterConfigError, ConfigError, RankFailure, RunResized, RunTimeoutError,  # noqa: E402
                      TrainingFailedError)
 from .driver.distributor import Distributor  # noqa: E402
-from .dropins import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor  # noqa: E402
+from .dropins import DeepspeedTorchDistributor, HorovodRunner, TorchDistributor, distributed  # noqa: E402
 
 __all__ = [
-    "Distributor", "TorchDistributor", "DeepspeedTorchDistributor", "HorovodRunner", "predict_batch_udf",
+    "Distributor", "TorchDistributor", "DeepspeedTorchDistributor", "HorovodRunner", "distributed",
+    "predict_batch_udf",
     "get_context", "TrainContext", "log_to_driver", "TrainingFailedError", "RunTimeoutError", "ConfigError",
     "ClusterConfigError", "RankFailure", "RunResized",
 ]

@@ -1,11 +1,13 @@
 """Drop-in replacements: moving from PySpark's TorchDistributor or DeepspeedTorchDistributor, or Databricks'
-HorovodRunner, is one changed import. Each keeps its original's signature, defaults, public attributes and
+HorovodRunner, or Databricks' ``@distributed`` decorator, is one changed import. Each keeps its original's signature, defaults, public attributes and
 errors (tested side by side with PySpark's in ``tests/spark/test_pyspark_parity.py`` and
 ``tests/spark/test_deepspeed_parity.py``); underneath is spark_dist's launcher."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import warnings
 from typing import Any, Dict, Optional, Union
 
 from .spark import session
@@ -237,3 +239,56 @@ class HorovodRunner(Distributor):
                                   "its conf): pass np > 0")
             self._args["num_processes"] = max(slots, 1)
         return self._run(main, (), kwargs, None)
+
+
+def distributed(gpus: int = 1, gpu_type: Optional[str] = None, remote: Optional[bool] = None, *,
+                use_gpu: Optional[bool] = None, **settings):
+    """Databricks' ``@distributed(gpus=N)`` decorator (its AI Runtime's ``serverless_gpu``), on a Spark cluster:
+    ``fn.distributed(*args, **kwargs)`` runs ``fn`` on ``gpus`` ranks, as Spark barrier tasks, and returns one
+    value per rank, in rank order; ``fn(...)`` itself still calls the plain function. Each rank has the torchrun
+    variables, so ``torch.distributed.init_process_group()`` works with no arguments.
+
+    ``use_gpu``: one GPU per rank; by default where the session schedules GPUs (``spark.task.resource.gpu
+    .amount``), else CPU ranks. ``gpu_type`` and ``remote`` choose a GPU kind and a remote pool on Databricks:
+    a Spark cluster's executors are what they are, so they are accepted and named in a warning. ``settings`` go to
+    :class:`spark_dist.Distributor` (``max_retries``, ``timeout``, ``checkpoint_dir``, ``backend``...).
+
+    Raises:
+        ConfigError: ``gpus`` is not a positive int (at decoration); at ``.distributed``, what
+            :meth:`spark_dist.Distributor.run` raises.
+    """
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ConfigError(f"gpus must be a positive int (the ranks to run), got {gpus!r}")
+    ignored = [f"{name}={value!r}" for name, value in (("gpu_type", gpu_type), ("remote", remote))
+               if value is not None]
+    if ignored:
+        warnings.warn(f"distributed({', '.join(ignored)}): {' and '.join(ignored)} do not apply on a Spark "
+                      "cluster, whose executors are what they are: ignored", UserWarning, stacklevel=2)
+
+    def decorate(fn):
+        def run_everywhere(*args, **kwargs):
+            runner = _EveryRank(num_processes=gpus, use_gpu=_gpus_scheduled() if use_gpu is None else use_gpu,
+                                **settings)
+            return runner.run(fn, *args, **kwargs)
+
+        fn.distributed = functools.wraps(fn)(run_everywhere)
+        return fn
+    return decorate
+
+
+class _EveryRank(Distributor):
+    """A Distributor whose ``run`` returns every rank's value, in rank order."""
+
+    _every_result = True
+
+
+def _gpus_scheduled() -> bool:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return False
+    try:
+        return float(spark.conf.get("spark.task.resource.gpu.amount", "0") or 0) > 0
+    except Exception:  # noqa: BLE001 -- a session that cannot say schedules none we can use
+        return False

@@ -56,16 +56,19 @@ class Sizes(NamedTuple):
 
 def launch_spec(config: RunConfig, attempt: int, job_bytes: bytes, handles, checkpoint_dir: str,
                 relay_output: str, store_host: str = "", store_port: int = 0, sizes: Sizes = Sizes(),
-                secret: Optional[bytes] = None, executor_log: bool = True) -> LaunchSpec:
+                secret: Optional[bytes] = None, executor_log: bool = True, every_result: bool = False
+                ) -> LaunchSpec:
     """What every task of the attempt gets; a fresh secret (``secret``: the one a lane derives for it), so
     nothing of an earlier attempt can join. ``store_host``/``store_port``: where the driver hosts the store
-    (empty under Connect: the first task's). ``executor_log``: whether executors have logs of their own."""
+    (empty under Connect: the first task's). ``executor_log``: whether executors have logs of their own;
+    ``every_result``: every rank's return comes back, not rank 0's alone."""
     return LaunchSpec(
         run_id=config.run_id, attempt=attempt, store_host=store_host, store_port=store_port, job_bytes=job_bytes,
         secret=secret or os.urandom(32), use_gpu=config.use_gpu, rendezvous_timeout=config.rendezvous_timeout,
         checkpoint_dir=checkpoint_dir, datasets=handles, collective_timeout=config.collective_timeout,
         backend=config.backend, max_result_bytes=config.max_result_bytes,
         processes_per_task=config.processes_per_task, relay_output=relay_output, executor_log=executor_log,
+        every_result=every_result,
         remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config),
         initial_world_size=sizes.initial or config.num_processes, previous_world_size=sizes.previous,
         # Rank 0 stops at a checkpoint when the driver asks (a preemption, a grow): never in local mode.
@@ -102,7 +105,7 @@ class Attempt:
         # On a classic local master the executor's streams are this console (under Connect, the server's).
         executor_log = config.local_mode or self.store_in_task or not session.is_local_master(spark)
         self.spec = launch_spec(config, attempt, job_bytes, handles, checkpoint_dir, owner.log_ranks, host, port,
-                                sizes, secret, executor_log)
+                                sizes, secret, executor_log, getattr(owner, "_every_result", False))
         # What the driver watches for: a decommissioned executor under a rank, the missing ranks' slots.
         self.resize_check = elastic.watch(config, spark, sizes.initial or config.num_processes)
 

@@ -192,7 +192,11 @@ class Distributor:
             if outcome.failures is None:
                 import cloudpickle
 
-                result = cloudpickle.loads(outcome.result_bytes)
+                if getattr(self, "_every_result", False):  # spark_dist.distributed: one value per rank
+                    every = outcome.rank_results or {0: outcome.result_bytes}
+                    result = [cloudpickle.loads(every[rank]) for rank in sorted(every)]
+                else:
+                    result = cloudpickle.loads(outcome.result_bytes)
                 self._summary(sized, attempt, time.monotonic() - started)
                 if checkpoint_dirs.removed_after_success(config):  # the driver's own copy (local mode)
                     checkpoint_dirs.remove(checkpoint_dir)

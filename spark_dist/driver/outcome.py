@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config import CONF_HOST_LOST_TIMEOUT, CONF_RENDEZVOUS_TIMEOUT, CONF_STORE_PORT
 from ..errors import RankFailure, root_cause
@@ -52,11 +52,13 @@ class AttemptEvidence:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Rank 0's pickled result, or the failures to report (root cause first)."""
+    """Rank 0's pickled result (with ``LaunchSpec.every_result``, every rank's: ``rank_results``), or the
+    failures to report (root cause first)."""
 
     result_bytes: Optional[bytes] = None
     failures: Optional[List[RankFailure]] = None
     timed_out: bool = False
+    rank_results: Optional[Dict[int, bytes]] = None
 
 
 def outcome_of(seen: AttemptEvidence) -> Outcome:
@@ -88,12 +90,16 @@ def outcome_of(seen: AttemptEvidence) -> Outcome:
         return Outcome(failures=lost + _after(failures, len(lost), skip={f.rank for f in lost}))
     if failures:
         return Outcome(failures=failures)
-    chunks = sorted((r.chunk_no, r.data) for r in seen.records if isinstance(r, ResultChunk))
-    if not chunks:
+    by_rank: Dict[int, List[Tuple[int, bytes]]] = {}
+    for r in seen.records:
+        if isinstance(r, ResultChunk):
+            by_rank.setdefault(r.rank, []).append((r.chunk_no, r.data))
+    if 0 not in by_rank:
         return Outcome(failures=[RankFailure(
             None, seen.driver_host, "lost", "the Spark job ended without rank 0's result and no rank reported a "
             f"failure (task outcomes: {_statuses(seen.records) or 'none'})", time=seen.now)])
-    return Outcome(result_bytes=b"".join(data for _, data in chunks))
+    joined = {rank: b"".join(data for _, data in sorted(chunks)) for rank, chunks in by_rank.items()}
+    return Outcome(result_bytes=joined[0], rank_results=joined if len(joined) > 1 else None)
 
 
 def _on_driver(seen: AttemptEvidence) -> AttemptEvidence:

@@ -71,10 +71,11 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
         supervised = True
         checkpoint_dirs.remove_after_success(spec, store, outcomes)  # once the whole run succeeded
         for (slot, rank, _, workdir), outcome in zip(started, outcomes):
-            if outcome is TaskOutcome.OK and rank.rank == 0:
+            if outcome is TaskOutcome.OK and (rank.rank == 0 or spec.every_result):
                 result = _read_file(os.path.join(workdir, "result.pkl"))
                 for chunk_no, start in enumerate(range(0, max(len(result), 1), RESULT_CHUNK_BYTES)):
-                    yield ResultChunk(slot.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES])
+                    yield ResultChunk(slot.task_index, chunk_no, result[start:start + RESULT_CHUNK_BYTES],
+                                      rank.rank)
             yield TaskStatus(slot.task_index, outcome)
     finally:
         ranks_trained = any(os.path.exists(os.path.join(workdir, IMPORTED_DYNAMO)) for *_, workdir in started)

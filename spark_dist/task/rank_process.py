@@ -99,7 +99,7 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         ctx.wait_for_checkpoints()  # an asynchronous save in flight belongs to the run that returned
         from .result import encode_result
 
-        data = encode_result(result if rank.rank == 0 else None, spec.max_result_bytes)
+        data = encode_result(result if rank.rank == 0 or spec.every_result else None, spec.max_result_bytes)
         write_private(os.path.join(workdir, "result.pkl"), data)
         return 0
     except SystemExit as exc:  # a script's sys.exit(n)

@@ -106,11 +106,13 @@ class TaskOutcome(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ResultChunk:
-    """A piece of rank 0's pickled result (a large result travels in several)."""
+    """A piece of a rank's pickled result (a large result travels in several): rank 0's, or with
+    ``LaunchSpec.every_result`` every rank's."""
 
     task_index: int
     chunk_no: int
     data: bytes = field(repr=False)
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class LaunchSpec:
     # Whether the ranks' bytes also go to the executor's own streams, its log. Not on a local master, where
     # those streams are the driver's console: the relay alone decides what shows there, each line once.
     executor_log: bool = True
+    every_result: bool = False  # every rank's return comes back (spark_dist.distributed), not rank 0's alone
     # checkpoint_dir is the run's own default (a name under each host's private temp dir, see checkpoint_dirs):
     # each host removes its copy once the run succeeded. Never set for a given dir or a named run_id.
     remove_checkpoint_dir: bool = False

@@ -109,3 +109,24 @@ def test_pyspark_attributes_are_there_and_drive_the_next_run(spark_local):
 def test_gpu_runs_need_gpu_scheduling_in_the_constructor(spark_local):
     with pytest.raises(RuntimeError, match="'spark.task.resource.gpu.amount' was unset"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=True)
+
+
+# -- Databricks' @distributed ----------------------------------------------------------------------------------
+def test_the_distributed_decorator_returns_every_ranks_value_and_names_what_spark_ignores(spark_local):
+    from spark_dist import ConfigError, distributed
+
+    with pytest.warns(UserWarning, match=r"gpu_type='A10' and remote=True do not apply on a Spark cluster"):
+        @distributed(gpus=2, gpu_type="A10", remote=True)
+        def allreduce_rank(scale):
+            import torch
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")  # the torchrun variables are set, as on Databricks
+            total = torch.tensor([float(dist.get_rank())])
+            dist.all_reduce(total)
+            return {"rank": dist.get_rank(), "total": total.item() * scale}
+
+    assert allreduce_rank.distributed(10) == [{"rank": 0, "total": 10.0}, {"rank": 1, "total": 10.0}]
+    assert allreduce_rank.__name__ == "allreduce_rank" and allreduce_rank.distributed.__name__ == "allreduce_rank"
+    with pytest.raises(ConfigError, match="gpus must be a positive int"):
+        distributed(gpus=0)
