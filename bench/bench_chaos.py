@@ -46,6 +46,9 @@ def figures(campaign, final):
         "violations": campaign.violations() + final, "by_kind": dict(sorted(by_kind.items())),
         "goodput": round(len(succeeded) * campaign.base / wall, 3) if wall else None,
         "median_wall_seconds": round(statistics.median(r.wall for r in campaign.records), 2) if runs else None,
+        # The driver's memory after the two warm-up runs, then after each tenth of the campaign.
+        "rss_start_mib": round(campaign.rss_start / 2**20, 1),
+        "rss_mib": [r.rss_mib for r in campaign.records[max(runs // 10, 1) - 1::max(runs // 10, 1)]],
     }
 
 

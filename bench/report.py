@@ -554,6 +554,8 @@ def chaos_section(figures):
                                                                       f"{d['median_wall_seconds']:.2f} s"),
         ("goodput (a fault-free run's time per success, over all runs' wall time)",
          lambda d: f"{d['goodput']:.2f}"),
+        ("the driver's RSS after the warm-up runs, then after the last (goal: < 256 MiB more)",
+         lambda d: f"{d['rss_start_mib']:.0f} MiB, {d['rss_mib'][-1]:.0f} MiB", True),
     ] + [kind_row(kind) for kind in kinds], figures)
 
 

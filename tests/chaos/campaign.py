@@ -53,6 +53,7 @@ class RunRecord:
     bound: float
     recovery: Optional[float]  # seconds from the fault to the next training step, when there was one
     violations: List[str] = field(default_factory=list)
+    rss_mib: float = 0.0  # the driver's resident memory after the run
 
 
 class Campaign:
@@ -63,9 +64,10 @@ class Campaign:
         self.spark, self.root, self.seed = spark, root, seed
         self.df = workload.dataset(spark)
         self.records: List[RunRecord] = []
-        self.rss_start = psutil.Process().memory_info().rss
         self._fault_free()  # the session's first run warms its Python workers: it times nothing
         self.expected, self.base, self.span = self._fault_free()
+        # After two runs: the driver has imported what any run does (torch among it), once, which is no growth.
+        self.rss_start = psutil.Process().memory_info().rss
 
     def _fault_free(self):
         """A run without faults: its result, wall time, and rank 0's training time (from its start to its last
@@ -126,6 +128,7 @@ class Campaign:
                            None if error is not None else _recovery(beacons, fault, out["attempt"]))
         record.violations += self._check(fault, out, error, wall, run_dir, beacons)
         self._release(fault, disk)
+        record.rss_mib = round(psutil.Process().memory_info().rss / 2**20, 1)
         self.records.append(record)
         return record
 
