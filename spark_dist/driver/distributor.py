@@ -338,7 +338,7 @@ class Distributor:
             metrics = {k: v for k, v in record.items() if k not in REPORT_KEYS}
             if record.get("rank") == 0:
                 self._bar.show_metrics(metrics)
-            shown = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+            shown = " ".join(f"{k}={summary.metric_text(v)}" for k, v in metrics.items())
             print(f"[spark_dist rank {record.get('rank')}] {shown}", flush=True)
 
     def _on_progress(self, progress) -> None:

@@ -16,7 +16,7 @@ def print_summary(config: RunConfig, attempt: int, seconds: float, history: List
     then each rank's wait for data."""
     last = next((r for r in reversed(history) if r.get("rank") == 0), None)
     tail = "" if last is None else "; last report: " + " ".join(
-        f"{k}={_fmt(v)}" for k, v in last.items() if k not in REPORT_KEYS)
+        f"{k}={metric_text(v)}" for k, v in last.items() if k not in REPORT_KEYS)
     where = "local processes" if config.local_mode else "Spark barrier tasks"
     retried = f" after {attempt} retr{'y' if attempt == 1 else 'ies'}" if attempt else ""
     print(f"[spark_dist] run {config.run_id}: {config.num_processes} ranks ({config.backend}, {where}) "
@@ -40,5 +40,6 @@ def history_frame(records: List[Dict[str, Any]]):
     return frame
 
 
-def _fmt(value) -> str:
+def metric_text(value) -> str:
+    """A reported metric as the driver prints it: a float to 4 significant digits, anything else as is."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
