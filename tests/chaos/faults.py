@@ -1,6 +1,7 @@
 """The faults the campaign injects into a running workload, each from a seeded draw: its target (a rank) and
-its time (seconds after that rank started), the kind from :data:`KINDS`. A fault waits for its target's beacon
-(tests/chaos/workload.py), sleeps its delay, acts, and records when it acted; a run that ended first leaves it
+its moment (a training step of the run's first attempt, as a fraction of all its steps: a moment in the
+training however fast the machine runs it), the kind from :data:`KINDS`. A fault waits for its target's beacon
+and rank 0's step (tests/chaos/workload.py), acts, and records when it acted; a run that ended first leaves it
 unfired. Each kind also says which ending the docs promise for it (:class:`Ending`)."""
 import json
 import os
@@ -10,6 +11,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional
+
+from chaos.workload import STEPS
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -32,16 +35,21 @@ class Ending:
 class Fault:
     kind: str
     rank: int
-    at: float  # when, as a fraction of a fault-free run's training time after the rank started
+    at: float  # when: after this fraction of the first attempt's training steps
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT
-    delay: float = 0.0  # ``at`` in seconds, set for the run
+    delay: float = 0.0  # about when ``at`` comes, in seconds after the rank started (for the run's bounds)
     fired_at: Optional[float] = None
     note: str = ""
     _stopped: list = field(default_factory=list, repr=False)
 
     def describe(self) -> str:
-        return (f"{self.kind}(rank {self.rank}, at {self.at:.2f} of training, +{self.delay:.2f}s"
+        return (f"{self.kind}(rank {self.rank}, after step {self.step} of {STEPS}"
                 f"{f', hold {self.hold:.1f}s' if self.hold else ''})")
+
+    @property
+    def step(self) -> int:
+        """Rank 0's training step after which the fault acts."""
+        return max(1, round(self.at * STEPS))
 
     def ending(self) -> Ending:
         return ENDINGS[self.kind](self)
@@ -90,9 +98,19 @@ class Injector(threading.Thread):
 
     def run(self):
         target = beacon(self.beacons, self.fault.rank, done=self.done)
-        if target is None or self.done.wait(self.fault.delay):
+        if target is None or not self._stepped(self.fault.step):
             return
         getattr(self, "_" + self.fault.kind)(target)
+
+    def _stepped(self, step: int) -> bool:
+        """Wait until rank 0 finished ``step`` steps of the first attempt; False when the run ended first."""
+        path = os.path.join(self.beacons, "steps")
+        while not self.done.wait(0.01):
+            if os.path.exists(path):
+                with open(path) as f:
+                    if sum(1 for line in f if line.startswith("0 ")) >= step:
+                        return True
+        return False
 
     def _fired(self, note: str = "") -> None:
         self.fault.fired_at, self.fault.note = time.time(), note
