@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..config import CONF_HOST_LOST_TIMEOUT, CONF_RENDEZVOUS_TIMEOUT, CONF_STORE_PORT
 from ..errors import RankFailure, root_cause
-from ..wire.protocol import NO_STACK, ResultChunk
+from ..wire.protocol import NO_STACK, STOPPED, ResultChunk
 from ..wire.ranks import RankInfo, TaskInfo
 
 
@@ -112,11 +112,12 @@ def _on_driver(seen: AttemptEvidence) -> AttemptEvidence:
 
 
 def _timed_out(seen: AttemptEvidence) -> List[RankFailure]:
-    """The ranks asked for their stacks, a rank that could not give one first (stopped, or stuck outside
-    Python: the one its peers wait for), then in rank order; reports after the abort only for the others."""
+    """The ranks asked for their stacks: a stopped one first (the one its peers wait for), then one that did not
+    answer (stuck outside Python, or slow on a loaded host), then in rank order; reports after the abort only
+    for the others."""
     message = f"the run exceeded timeout={seen.timeout:g}s"
     asked = sorted((r for r in seen.ranks if r.rank in seen.stacks),
-                   key=lambda r: (not seen.stacks[r.rank].startswith(NO_STACK), r.rank))
+                   key=lambda r: (_silence(seen.stacks[r.rank]), r.rank))
     hung = [RankFailure(r.rank, r.host, "timeout", _with_why(message, seen.stacks[r.rank]),
                         traceback=seen.stacks[r.rank], seq=n + 1) for n, r in enumerate(asked)]
     # Whatever a rank reported after the timeout's abort echoes it (an all-reduce that lost the rank we
@@ -125,6 +126,13 @@ def _timed_out(seen: AttemptEvidence) -> List[RankFailure]:
     return hung + echoes or [RankFailure(
         None, seen.driver_host, "timeout",
         message + (" while the ranks were starting" if seen.ranks else " before every rank started"))]
+
+
+def _silence(stack: str) -> int:
+    """0: the process was stopped; 1: it gave no stack in time; 2: it gave one."""
+    if not stack.startswith(NO_STACK):
+        return 2
+    return 0 if STOPPED in stack else 1
 
 
 def _with_why(message: str, stack: str) -> str:

@@ -25,8 +25,8 @@ from typing import Any, Dict, Iterator, List, Optional
 from . import checkpoint_dirs, output
 from ..host import tempdirs
 from ..errors import RankFailure
-from ..wire.protocol import (ABORT, ARRIVED, FAILURES, NO_STACK, Abort, LaunchSpec, ResultChunk, TaskOutcome,
-                             TaskStatus, assignment_key, beat_key, ended_key, stack_key, task_key)
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, NO_STACK, STOPPED, Abort, LaunchSpec, ResultChunk,
+                             TaskOutcome, TaskStatus, assignment_key, beat_key, ended_key, stack_key, task_key)
 from ..host import process_state
 from ..host.parent_death import die_with_parent
 from .rank_process import child_main, exit_rank, join_run_store
@@ -307,7 +307,7 @@ def _dump_stack(child: _ChildProcess, tail: output.StreamReader) -> str:
     """Ask the child for its Python stack (faulthandler on SIGUSR1) and return what it printed; when it cannot
     answer, :data:`~spark_dist.wire.protocol.NO_STACK` and why (the driver then names this rank first)."""
     if process_state.stopped(child.pid):
-        return f"{NO_STACK}the process is stopped: it was sent SIGSTOP, or a debugger holds it)"
+        return f"{NO_STACK}{STOPPED}: it was sent SIGSTOP, or a debugger holds it)"
     before = tail.total
     try:
         os.kill(child.pid, signal.SIGUSR1)

@@ -61,6 +61,7 @@ REPORT_KEYS = ("rank", "attempt", "time")  # what every ``reports`` record carri
 LOG_KEY = "_log"  # a ``reports`` record holding a log_to_driver message, not metrics
 INPUT_STATS_KEY = "_input_stats"  # a ``reports`` record holding a rank's input statistics, not metrics
 NO_STACK = "(no stack: "  # how a ``stack`` value starts when the rank could not give one, then why, then ")"
+STOPPED = "the process is stopped"  # the why, for a rank stopped by SIGSTOP or a debugger
 PREEMPTED = "preempted: "  # how the ``resize`` reason for a decommissioned executor starts (ctx.preempted reads it)
 
 

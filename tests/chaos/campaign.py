@@ -92,7 +92,7 @@ class Campaign:
 
     def timeout(self, fault: Fault) -> float:
         """The run's ``timeout=``: a frozen rank must end it soon; any other hang ends at the bound."""
-        return self.base + fault.delay + 15 if fault.kind == "freeze_rank" else self.bound(fault)
+        return self.base + fault.delay + 10 if fault.kind == "freeze_rank" else self.bound(fault)
 
     def run(self, index: int, fault: Fault) -> RunRecord:
         from spark_dist import Distributor

@@ -12,7 +12,7 @@ import time
 
 ROWS, EPOCHS, BATCH, EVERY = 192, 3, 8, 4  # 12 batches a rank and epoch over 2 ranks; a checkpoint every 4
 STEPS = EPOCHS * ROWS // (2 * BATCH)  # a rank's training steps in a run
-STEP_S = 0.05  # a step's extra time: a fault drawn at a random time lands mid-training
+STEP_S = 0.02  # a step's extra time: a fault drawn at a random time lands mid-training
 
 
 def dataset(spark):

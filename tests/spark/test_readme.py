@@ -2,17 +2,23 @@
 notebook), on the shared local[2] session. What a snippet leaves to its reader is made here first: the data at
 the paths it names (under a temporary directory: only the leading "/data/" and "/models/" of its paths are
 moved there), and the names it takes as the reader's own (``spark``, ``train_df``, ``cnn``, ...). The Spark
-Connect snippet needs a server at the address it names, and is left to tests/spark/test_connect.py."""
+Connect snippet needs a server at the address it names, and is left to tests/spark/test_connect.py.
+
+On the 3.5 line only, as each notebook runs on one line (tests/e2e/test_notebooks.py): the snippets call the
+API every other test calls on both lines, and both lines' suites share two cores within a 35-minute budget."""
 import io
 import os
 import re
 
 import numpy as np
+import pyspark
 import pytest
 
 torch = pytest.importorskip("torch")
 from PIL import Image  # noqa: E402
 
+pytestmark = pytest.mark.skipif(not pyspark.__version__.startswith("3.5"),
+                                reason="the README's snippets run on the 3.5 line's suite (see the docstring)")
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
 CONNECT = 'remote("sc://'
 

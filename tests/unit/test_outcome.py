@@ -5,7 +5,7 @@ import pytest
 
 from spark_dist.errors import RankFailure, root_cause
 from spark_dist.driver.outcome import AttemptEvidence, JobError, outcome_of, worth_retrying
-from spark_dist.wire.protocol import NO_STACK, ResultChunk, TaskOutcome, TaskStatus
+from spark_dist.wire.protocol import NO_STACK, STOPPED, ResultChunk, TaskOutcome, TaskStatus
 from spark_dist.wire.ranks import TaskInfo, assign_ranks
 
 # Four tasks on two executors of one host (a local-cluster with 2-core executors), two on each; task 1 and
@@ -87,7 +87,10 @@ def test_a_run_that_finished_returns_rank_0s_result(case, what, expected):
      [(0, "timeout"), (1, "timeout"), (3, "exception")], True),
     ("a rank that could not give its stack (stopped, stuck outside Python) leads over a peer waiting for it",
      dict(timed_out=True, stacks={0: 'File "torch/autograd/graph.py", line 979 in _engine_run_backward',
-                                  1: NO_STACK + "the process is stopped"}),
+                                  1: NO_STACK + "it did not answer)"}),
+     [(1, "timeout"), (0, "timeout")], True),
+    ("a stopped rank leads over one that did not answer in time (its peer, slow on a loaded host)",
+     dict(timed_out=True, stacks={0: NO_STACK + "it did not answer)", 1: NO_STACK + STOPPED + ")"}),
      [(1, "timeout"), (0, "timeout")], True),
     ("a timeout before every rank started names no rank", dict(timed_out=True, ranks=(), tasks=()),
      [(None, "timeout")], True),
