@@ -45,14 +45,14 @@ def chosen_impl(config) -> str:
     Raises:
         ConfigError: the key holds another value, naming it.
     """
-    import importlib.util
-
     conf = getattr(config, "spark_conf", None) or {}
     impl = str(conf.get(CONF_HOROVOD_IMPL, "auto")).strip().lower()
     if impl not in IMPLS:
         raise ConfigError(f"{CONF_HOROVOD_IMPL} must be one of {', '.join(IMPLS)}, got {impl!r}")
     if impl == "auto":
-        return "horovod" if importlib.util.find_spec("horovod") is not None else "torch"
+        from ..horovod.aliases import horovod_installed
+
+        return "horovod" if horovod_installed() else "torch"
     return impl
 
 

@@ -13,7 +13,13 @@ Follows Horovod 0.28.1: the public names of ``horovod.torch``, their signatures 
 does), the tensor types each collective takes, allgather's uneven first dimensions, reducescatter's split of
 rows, root ranks as global ranks in process sets, and the errors for misuse (``ValueError`` before ``init()``,
 for unsupported types, non-contiguous tensors, duplicate or unregistered process sets; ``AssertionError`` for
-``zero_grad()`` with gradients in flight). A failed collective raises ``HorovodInternalError``.
+``zero_grad()`` with gradients in flight). A failed collective raises ``HorovodInternalError``. Before a
+collective moves data, the ranks of its process set compare what each asks for, as Horovod's coordinator does
+(:mod:`spark_dist.horovod.torch.negotiation`): ranks whose types, shapes, root ranks, reduction ops or scale
+factors disagree all get ``HorovodInternalError`` from ``synchronize`` with Horovod's message. ``join()`` stands
+in for the other ranks' collectives as Horovod's does (zeros in their allreduces; their other collectives fail).
+Checked against Horovod's own test/parallel/test_torch.py and its PyTorch examples
+(tests/unit/test_horovod_own_suite.py, ``make horovod-suite``).
 
 Rendezvous: ``hvd.init()`` joins the default torch.distributed process group over gloo from the torchrun
 variables spark_dist sets for every rank (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, or
@@ -24,12 +30,14 @@ tensors (NCCL for CUDA tensors is a later step).
 Where it differs from Horovod, and how it shows:
 
 * Collectives are matched across ranks by the order they are called in on each process set, not by ``name``
-  (accepted, unused): every rank must issue them in the same order. ``DistributedOptimizer`` keeps its gradient
-  reductions in one fixed order on a group of their own, so it needs no such care.
-* Allgather checks that ranks' shapes agree (``HorovodInternalError`` otherwise, as Horovod); allreduce, broadcast
-  and alltoall do not negotiate shapes, so a mismatch fails inside gloo instead.
-* ``join()`` waits for every rank and returns the last one; it does not stand in for collectives other ranks
-  still issue (they wait until torch's timeout and raise).
+  (accepted, unused): every rank must issue them in the same order. Ranks that issue different collectives at
+  the same point get ``HorovodInternalError("Mismatched operations: ...")`` (Horovod's message when ranks
+  disagree on an op), where Horovod would wait for the named ops to pair up; two ops of the same kind, types and
+  shapes issued in different orders pair silently. ``DistributedOptimizer`` keeps its gradient reductions in one
+  fixed order on a group of their own, so it needs no such care.
+* ``join()`` does not stand in for ``DistributedOptimizer``'s gradient reductions, nor for collectives on other
+  process sets than the global one: ranks that issue those while another rank is in ``join()`` wait until
+  torch's timeout and raise.
 * ``SyncBatchNorm`` runs on CPU tensors (Horovod's needs CUDA).
 * ``hvd.elastic.run`` syncs the state and runs the function once: no resizing (see
   :mod:`spark_dist.horovod.torch.elastic`).

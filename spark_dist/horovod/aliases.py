@@ -82,6 +82,14 @@ def _is_ours(module) -> bool:
     return name == _PACKAGE or name.startswith(_PACKAGE + ".") or getattr(module, "__spark_dist_alias__", False)
 
 
+def horovod_installed() -> bool:
+    """Whether a ``horovod`` package can be imported: one with an ``__init__.py``, not a bare folder of that name
+    on ``sys.path`` (a folder of that name on a test path, say), which Python takes for a namespace
+    package."""
+    spec = importlib.util.find_spec("horovod")
+    return spec is not None and spec.origin is not None
+
+
 def install_as_horovod(force: bool = False) -> bool:
     """Make ``import horovod.torch`` (and ``horovod``, ``horovod.torch.elastic``, ``horovod.common.exceptions``)
     give this package's implementation in this process, unless Horovod is installed and ``force`` is False.
@@ -96,7 +104,7 @@ def install_as_horovod(force: bool = False) -> bool:
     if _finder is not None and _finder in sys.meta_path:
         return True
     imported = [n for n in sys.modules if n == "horovod" or n.startswith("horovod.")]
-    if not force and (imported or importlib.util.find_spec("horovod") is not None):
+    if not force and (imported or horovod_installed()):
         return False
     for name in imported:
         if not _is_ours(sys.modules[name]):

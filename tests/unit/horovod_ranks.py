@@ -7,6 +7,7 @@ environment a spark_dist rank sees, and runs one scenario in each with either im
 * ``"horovod"``: the real Horovod build, started the way spark_dist's Horovod backend starts it (its rendezvous
   server here, its variables in each rank), where ``horovod.torch`` is installed.
 """
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -55,49 +56,61 @@ def _horovod_vars(r):
             "HOROVOD_CROSS_RANK": str(r.cross_rank), "HOROVOD_CROSS_SIZE": str(r.cross_size)}
 
 
-def run_horovod_ranks(impl, hosts, scenario, tmp_path, horovod_env=True, leave_with_barrier=True, timeout=60):
-    """``scenario(hvd)`` in one spawned rank per entry of ``hosts`` (each rank's host name, which decides local
-    and cross ranks); returns each rank's return value, by rank. Ranks meet in a barrier before they leave, unless
-    ``leave_with_barrier`` is False (a scenario whose last collectives leave out some ranks). Raises when a rank
-    fails or the ranks take longer than ``timeout`` seconds."""
+@contextlib.contextmanager
+def horovod_job(impl, hosts, horovod_env=True):
+    """Each rank's environment for a job of one rank per entry of ``hosts`` (each rank's host name, which decides
+    local and cross ranks), by rank; what the ranks meet through runs until the block ends: for ``"horovod"``,
+    Horovod's rendezvous server, started as spark_dist's Horovod backend starts it; for ``"spark_dist"``, the
+    store every rank joins (the torchrun variables, plus the ``HOROVOD_*`` rank variables with ``horovod_env``)."""
     import torch.distributed as dist
 
     ranks = _ranks(hosts)
     port = free_ports(1)
     envs = {r.rank: torchrun_env(r, "127.0.0.1", port, 0, use_gpu=False) for r in ranks}
     backend = store = None
-    if impl == "horovod":
-        from spark_dist.backends.horovod import HorovodBackend
-
-        backend = HorovodBackend()
-        for rank, env in backend.start(ranks, "127.0.0.1", "test").items():
-            envs[rank].update(env, HOROVOD_GLOO_IFACE="lo", HOROVOD_HOSTNAME=ranks[rank].host)
-    else:
-        # the store every rank joins as a client (TORCHELASTIC_USE_AGENT_STORE), as the driver's
-        store = dist.TCPStore("127.0.0.1", port, len(ranks), is_master=True, wait_for_workers=False)
-        for r in ranks:
-            if horovod_env:
-                envs[r.rank].update(_horovod_vars(r))
-    out = str(tmp_path / f"{impl}-{len(ranks)}-{scenario.__name__}")
-    context = None
     try:
-        context = mp.start_processes(_rank, args=(impl, envs, scenario, out, leave_with_barrier), nprocs=len(ranks),
-                                     start_method="spawn", join=False)
-        deadline = time.monotonic() + timeout
-        while not context.join(timeout=0.2):  # raises when a rank failed
-            if not leave_with_barrier and all(os.path.exists(f"{out}.{r}") for r in range(len(ranks))):
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{impl} ranks of {scenario.__name__} still running after {timeout} s")
+        if impl == "horovod":
+            from spark_dist.backends.horovod import HorovodBackend
+
+            backend = HorovodBackend()
+            for rank, env in backend.start(ranks, "127.0.0.1", "test").items():
+                envs[rank].update(env, HOROVOD_GLOO_IFACE="lo", HOROVOD_HOSTNAME=ranks[rank].host)
+        else:
+            # the store every rank joins as a client (TORCHELASTIC_USE_AGENT_STORE), as the driver's
+            store = dist.TCPStore("127.0.0.1", port, len(ranks), is_master=True, wait_for_workers=False)
+            for r in ranks:
+                if horovod_env:
+                    envs[r.rank].update(_horovod_vars(r))
+        yield envs
     finally:
-        for process in context.processes if context is not None else ():
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=10)
         if backend is not None:
             backend.stop()
         del store
-    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(len(ranks))]
+
+
+def run_horovod_ranks(impl, hosts, scenario, tmp_path, horovod_env=True, leave_with_barrier=True, timeout=60):
+    """``scenario(hvd)`` in one spawned rank per entry of ``hosts`` (see :func:`horovod_job`); returns each
+    rank's return value, by rank. Ranks meet in a barrier before they leave, unless ``leave_with_barrier`` is
+    False (a scenario whose last collectives leave out some ranks). Raises when a rank fails or the ranks take
+    longer than ``timeout`` seconds."""
+    out = str(tmp_path / f"{impl}-{len(hosts)}-{scenario.__name__}")
+    context = None
+    with horovod_job(impl, hosts, horovod_env) as envs:
+        try:
+            context = mp.start_processes(_rank, args=(impl, envs, scenario, out, leave_with_barrier),
+                                         nprocs=len(hosts), start_method="spawn", join=False)
+            deadline = time.monotonic() + timeout
+            while not context.join(timeout=0.2):  # raises when a rank failed
+                if not leave_with_barrier and all(os.path.exists(f"{out}.{r}") for r in range(len(hosts))):
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{impl} ranks of {scenario.__name__} still running after {timeout} s")
+        finally:
+            for process in context.processes if context is not None else ():
+                if process.is_alive():
+                    process.kill()
+                process.join(timeout=10)
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(len(hosts))]
 
 
 def error_of(call):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..exceptions import HorovodInternalError
+from . import negotiation
 from . import process_sets as _sets
 from .engine import Adasum, Average, Max, Min, Product, Sum, reset_handles, run, unsupported  # noqa: F401
 from .process_sets import ProcessSet, global_process_set
@@ -36,7 +37,7 @@ class _World:
 
 
 _world: Optional[_World] = None
-_joins = 0  # join() calls so far in this process: the same count on every rank, so it names each join
+_joins = 0  # join() calls so far in this process: the same count on every rank, so it names each join's arrivals
 
 
 def _env_int(*names: str) -> Optional[int]:
@@ -216,45 +217,46 @@ def stop_timeline():
 
 
 def barrier(process_set: ProcessSet = global_process_set):
-    """Wait until every rank of ``process_set`` gets here.
+    """Wait until every rank of ``process_set`` gets here (a rank in ``join()`` counts as here).
 
     Raises:
         ValueError: not initialized, or this rank is not in ``process_set``.
-        HorovodInternalError: the barrier failed.
+        HorovodInternalError: the barrier failed, or another rank issued another collective at this point
+            (Horovod's "Mismatched operations").
     """
-    import torch.distributed as dist
-
-    members = _sets.members(process_set)
-    run(lambda: dist.barrier(group=members.group))
+    error = negotiation.negotiate(_sets.members(process_set), negotiation.request(negotiation.BARRIER))
+    if error:
+        raise HorovodInternalError(error)
 
 
 def join(device=-1) -> int:
-    """Wait until every rank has called ``join()``; returns the rank that called it last.
-
-    Unlike Horovod's, a rank in ``join()`` does not stand in (with zeros) for collectives the other ranks still
-    issue: a job whose ranks run different numbers of steps blocks those ranks' collectives until torch's
-    timeout, then they raise. It never exchanges tensors, so it cannot pair with another rank's collective.
-    ``device`` is accepted and unused.
+    """Wait until every rank has called ``join()``; returns the rank that called it last. Meanwhile this rank
+    stands in for the collectives the other ranks still issue on the global process set, as Horovod's does: it
+    adds zeros to their allreduces, and their other collectives fail with Horovod's "... is not supported with
+    Join at this time." (see :mod:`.negotiation`). It does not stand in for DistributedOptimizer's gradient
+    reductions, nor for collectives on other process sets: ranks that issue those while another rank is in
+    ``join()`` wait until torch's timeout and raise. ``device`` is accepted and unused.
 
     Raises:
         ValueError: not initialized.
-        HorovodInternalError: the wait failed or timed out.
+        HorovodInternalError: a collective failed.
     """
     import torch.distributed as dist
 
     global _joins
     world = _w()
     _joins += 1
-    key = f"spark_dist.horovod/join/{_joins}"
-    store = dist.distributed_c10d._get_default_store()  # the store every rank reached at init
-
-    def arrive():
-        if store.add(f"{key}/arrived", 1) == world.size:
-            store.set(f"{key}/last", str(world.rank))
-        store.wait([f"{key}/last"])
-        return int(store.get(f"{key}/last"))
-
-    return run(arrive)
+    # The order ranks arrive in, from the store every rank reached at init: the last one is join()'s answer.
+    store, key = dist.distributed_c10d._get_default_store(), f"spark_dist.horovod/join/{_joins}"
+    mine = negotiation.Request(negotiation.JOIN, arrival=run(lambda: store.add(key, 1)))
+    set_ = _sets.members(global_process_set)
+    while True:
+        requests = negotiation.exchange(set_, mine)
+        if requests is None:  # a job of one rank
+            return world.rank
+        if all(r.kind == negotiation.JOIN for r in requests):
+            return set_.ranks[max(range(len(requests)), key=lambda i: requests[i].arrival)]
+        negotiation.stand_in(set_, requests)
 
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",

@@ -3,8 +3,9 @@ behind ``*_async``, ``poll`` and ``synchronize``.
 
 A handle is an int, as in Horovod. Behind it: the torch.distributed works in flight and a ``finish`` step that
 runs once they are done (postscaling, trimming padded rows) and gives the result. Any step a collective needs
-before its data can move (exchanging shapes or splits) runs at the call itself, blocking; only the data
-transfer runs in the background.
+before its data can move (agreeing on the request, see ``negotiation``; exchanging shapes or splits) runs at the
+call itself, blocking; only the data transfer runs in the background. A collective the ranks did not agree on
+gets a handle whose ``synchronize`` raises Horovod's error (``failed``).
 """
 from __future__ import annotations
 
@@ -145,6 +146,15 @@ def submit(works: List[object], finish: Callable[[], object]) -> int:
     _last_handle += 1
     _handles[_last_handle] = _Pending(works, finish)
     return _last_handle
+
+
+def failed(message: str) -> int:
+    """A handle for a collective the ranks did not agree on (see ``negotiation``): ``synchronize`` raises
+    ``HorovodInternalError(message)``, as Horovod's does for its coordinator's errors; ``poll`` says done."""
+    def finish():
+        raise HorovodInternalError(message)
+
+    return submit([], finish)
 
 
 def reset_handles() -> None:

@@ -50,13 +50,11 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         ValueError: ``torch.optim.LBFGS``, whose state cannot be broadcast piecewise.
         HorovodInternalError: a broadcast failed.
     """
-    from .optimizer import _DistributedOptimizer
-
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if not state_dict["state"]:
-        _initialize_state(optimizer, model, isinstance(optimizer, _DistributedOptimizer))
+        _initialize_state(optimizer, model)
         state_dict = optimizer.state_dict()
     if not state_dict["state"]:
         return  # a stateless optimizer: nothing to send
@@ -83,7 +81,9 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         setters[key](value)
 
 
-def _initialize_state(optimizer, model, distributed: bool) -> None:
+def _initialize_state(optimizer, model) -> None:
+    from .optimizer import _DistributedOptimizer
+
     sparse = {id(p) for m in (model.modules() if model is not None else ())
               if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
     for group in optimizer.param_groups:
@@ -94,9 +94,9 @@ def _initialize_state(optimizer, model, distributed: bool) -> None:
                         isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
                     p.grad = p.grad.to_sparse()
     # A DistributedOptimizer's step() would reduce gradients, which other ranks (with state) would not match:
-    # step the wrapped optimizer's class directly.
-    if distributed:
-        super(optimizer.__class__, optimizer).step()
+    # step the wrapped optimizer's class directly (the one after _DistributedOptimizer in the class's MRO).
+    if isinstance(optimizer, _DistributedOptimizer):
+        super(_DistributedOptimizer, optimizer).step()
     else:
         optimizer.step()
 

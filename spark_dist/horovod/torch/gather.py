@@ -2,14 +2,14 @@
 and Horovod's sparse allreduce, which is two allgathers.
 
 ``root_rank`` is a *global* rank, also with a process set (Horovod's rule). ``name`` is accepted and unused:
-ops on one process set pair up by call order. Allgather first exchanges every rank's shape (blocking, also for
-``allgather_async``), so mismatched trailing dimensions or types raise on every rank alike; broadcast sends no
-shapes, so a broadcast whose tensors differ in size fails in gloo instead of with Horovod's message.
+ops on one process set pair up by call order. Both first agree on the request (``negotiation``: types, the
+dimensions after the first for allgather, the shape and root rank for broadcast), then allgather exchanges every
+rank's first dimension (blocking, also for ``allgather_async``).
 
 Errors, for every function here: ``ValueError`` for an unsupported type (Horovod's: uint8, int8, int16, int32,
 int64, float16/32/64), a non-contiguous tensor, a root rank outside the set, an unregistered process set or one
 this rank is not in; ``NotImplementedError`` for non-CPU tensors; ``HorovodInternalError`` when the collective
-fails or ranks' shapes disagree.
+fails or the ranks' requests disagree (from ``synchronize``, with Horovod's message).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import List
 import torch
 
 from ..exceptions import HorovodInternalError
-from . import engine
+from . import engine, negotiation
 from .engine import Average, synchronize
 from .process_sets import global_process_set, members, my_rank
 from .reductions import allreduce, grouped_allreduce
@@ -61,6 +61,10 @@ def launch_allgather(tensors, process_set, call, grouped, gradients=False) -> in
         engine.check_tensor(tensor, call, reduce=False)
     set_ = members(process_set)
     group = set_.grad_group if gradients else set_.group
+    if not gradients:
+        error = negotiation.negotiate(set_, negotiation.request(negotiation.ALLGATHER, tensors))
+        if error:
+            return engine.failed(error)
     firsts = _shapes(tensors, set_, group, call)
     works, received = [], []
     for tensor, dims in zip(tensors, firsts):
@@ -144,6 +148,9 @@ def _launch_broadcast(tensor, output, root_rank, process_set, call) -> int:
     if root_rank not in set_.ranks:
         raise ValueError(f"{call}: root_rank {root_rank} is not a rank of the process set {list(set_.ranks)} "
                          "(root_rank is a global rank)")
+    error = negotiation.negotiate(set_, negotiation.request(negotiation.BROADCAST, [tensor], root=root_rank))
+    if error:
+        return engine.failed(error)
     buffer = output.detach()
     if output is not tensor:
         buffer.copy_(tensor.detach())

@@ -4,19 +4,20 @@ Semantics follow Horovod 0.28.1 on CPU/gloo: ``op`` is Average (default), Sum, M
 is multiplied by ``prescale_factor`` before the reduction and by ``postscale_factor`` after it (Average is a Sum
 whose postscale factor is divided by the set's size), in Horovod's arithmetic (see ``engine.scale_``).
 ``name`` is accepted and unused: ops on one process set pair up across ranks by call order, so every rank must
-issue them in the same order. Autograd flows through ``allreduce`` and ``grouped_allreduce`` as in Horovod:
-the gradient is allreduced with the same op and factors.
+issue them in the same order. The ranks first agree on the request (``negotiation``: op, types, shapes, scale
+factors), except for DistributedOptimizer's gradients. Autograd flows through ``allreduce`` and
+``grouped_allreduce`` as in Horovod: the gradient is allreduced with the same op and factors.
 
 Errors, for every function here: ``ValueError`` for an unsupported type (Horovod's: float16/32/64, int32/64), a
 non-contiguous tensor, an unregistered process set or one this rank is not in, both ``op`` and ``average``;
 ``NotImplementedError`` for ``op=Adasum`` and non-CPU tensors; ``HorovodInternalError`` when the collective
-fails.
+fails or the ranks' requests disagree (from ``synchronize``, with Horovod's message).
 """
 from __future__ import annotations
 
 import torch
 
-from . import engine
+from . import engine, negotiation
 from .compression import Compression
 from .engine import Average, resolve_op, synchronize
 from .process_sets import global_process_set, members
@@ -39,6 +40,11 @@ def launch_many(tensors, outputs, op, prescale_factor, postscale_factor, process
     reduction = engine.torch_op(op, call)
     set_ = members(process_set)
     group = set_.grad_group if gradients else set_.group
+    if not gradients:  # DistributedOptimizer's are checked when it is built (see negotiation)
+        error = negotiation.negotiate(set_, negotiation.request(negotiation.ALLREDUCE, tensors, op,
+                                                                (prescale_factor, postscale_factor)))
+        if error:
+            return engine.failed(error)
     # Average divides by the set's size in the postscale factor, in double, as Horovod's gloo path does.
     post = postscale_factor / set_.size if op == Average else postscale_factor
     works, buffers = [], []

@@ -9,13 +9,14 @@ allreduce on gloo, which has no reduce-scatter here: the same result, more traff
 Errors, for every function here: ``ValueError`` for an unsupported type (see allreduce and allgather), a
 non-contiguous tensor, splits that do not fit the tensor, a reducescatter op other than Sum or Average, a
 0-dimensional tensor, an unregistered process set or one this rank is not in; ``NotImplementedError`` for
-non-CPU tensors and Adasum; ``HorovodInternalError`` when the collective fails.
+non-CPU tensors and Adasum; ``HorovodInternalError`` when the collective fails or the ranks' requests disagree
+(see ``negotiation``; from ``synchronize``, with Horovod's message).
 """
 from __future__ import annotations
 
 import torch
 
-from . import engine
+from . import engine, negotiation
 from .compression import Compression
 from .engine import Average, Sum, synchronize
 from .process_sets import global_process_set, members
@@ -40,6 +41,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if len(send) != set_.size or min(send) < 0 or sum(send) != rows:
             raise ValueError(f"{call}: splits {send} must hold {set_.size} non-negative counts summing to "
                              f"dimension 0 of the tensor ({rows})")
+    error = negotiation.negotiate(set_, negotiation.request(negotiation.ALLTOALL, [tensor]))
+    if error:
+        return engine.failed(error)
     counts = torch.empty(set_.size, dtype=torch.int64)
     engine.run(lambda: dist.all_to_all_single(counts, torch.tensor(send, dtype=torch.int64), group=set_.group))
     receive = counts.tolist()
@@ -87,6 +91,10 @@ def _launch_reducescatter(tensors, op, process_set, prescale_factor, postscale_f
     if op not in (Sum, Average):
         raise ValueError(f"{call} supports op=hvd.Sum and hvd.Average only")
     set_ = members(process_set)
+    error = negotiation.negotiate(set_, negotiation.request(negotiation.REDUCESCATTER, tensors, op,
+                                                            (prescale_factor, postscale_factor)))
+    if error:
+        return engine.failed(error)
     post = postscale_factor / set_.size if op == Average else postscale_factor
     works, slices = [], []
     for tensor in tensors:
