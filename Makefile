@@ -6,7 +6,7 @@ LINES ?= 4 3.5
 SPARK_LINE ?= 4
 venv = $(if $(filter 3.5,$(1)),.venv-spark35,.venv)
 
-.PHONY: env env35 env-mosaic demo test bench soak docs mutants clean
+.PHONY: env env35 env-mosaic demo test bench soak horovod-suite docs mutants clean
 env:
 	@bash scripts/setup_env.sh 4
 
@@ -40,6 +40,12 @@ soak:
 	  $$venv/bin/python bench/bench_chaos.py --seed $(SEED) --faults $(FAULTS) \
 	    --out bench/results/chaos-spark$$line.json || rc=1; done; \
 	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md; exit $$rc
+
+# Horovod 0.28.1's own test_torch.py and PyTorch examples against spark_dist.horovod and Horovod itself (a
+# minute; not in `make test`, whose budget it would pass): tests/unit/test_horovod_own_suite.py.
+horovod-suite:
+	@bash scripts/setup_env.sh 3.5
+	SPARK_DIST_HOROVOD_SUITE=1 .venv-spark35/bin/python -m pytest -q tests/unit/test_horovod_own_suite.py
 
 bench-%:
 	@bash scripts/setup_env.sh $(SPARK_LINE)
