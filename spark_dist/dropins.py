@@ -11,8 +11,8 @@ import warnings
 from typing import Any, Dict, Optional, Union
 
 from .spark import session
-from .config import (CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, ranks_per_task,
-                     require_task_gpus)
+from .config import (CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL, CONF_TASK_GPUS, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
+                     ranks_per_task, require_task_gpus)
 from .errors import ClusterConfigError, ConfigError
 from .driver.distributor import Distributor
 
@@ -289,6 +289,6 @@ def _gpus_scheduled() -> bool:
     if spark is None:
         return False
     try:
-        return float(spark.conf.get("spark.task.resource.gpu.amount", "0") or 0) > 0
+        return float(spark.conf.get(CONF_TASK_GPUS, "0") or 0) > 0
     except Exception:  # noqa: BLE001 -- a session that cannot say schedules none we can use
         return False

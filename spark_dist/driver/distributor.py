@@ -125,7 +125,7 @@ class Distributor:
         if not config.local_mode and spark is None:
             raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
         if not config.local_mode:
-            worker_python.check(spark)
+            worker_python.check(spark, config.spark_conf)
         first_size = config.num_processes
         if config.elastic and not config.local_mode:
             first_size = elastic.first_size(config, spark, config.slot_wait_timeout)

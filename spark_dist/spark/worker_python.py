@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Optional, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 from ..errors import ConfigError
 from .python_daemon import WorkersStart
@@ -49,9 +49,10 @@ def problem(workers_python: str, start: WorkersStart) -> Optional[str]:
     return None
 
 
-def check(spark) -> None:
+def check(spark, conf: Dict[str, str]) -> None:
     """On a classic session with a local master, check that its Python workers can run spark_dist; elsewhere
-    (a cluster, Spark Connect) the executors' machines are not this one, and their first task says.
+    (a cluster, Spark Connect) the executors' machines are not this one, and their first task says. ``conf``:
+    the session's conf as the run read it (:func:`spark_dist.spark.session.conf_snapshot`).
 
     Raises:
         ConfigError: they cannot, naming the interpreter, what it lacks, and the setting to change.
@@ -61,7 +62,6 @@ def check(spark) -> None:
     master = session.master(spark)
     if session.is_connect(spark) or not master.startswith("local"):
         return
-    conf = dict(spark.sparkContext.getConf().getAll())
     workers_python = conf.get("spark.pyspark.python") or spark.sparkContext.pythonExec
     start = WorkersStart.of_this_process(conf)
     key = (workers_python, start.pythonpath, start.cwd)
