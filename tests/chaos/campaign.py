@@ -13,9 +13,9 @@ workload (tests/chaos/workload.py), and the invariants checked after every run:
 A violation names the seed and the fault that reproduce it. Used by tests/chaos/test_campaign.py (a fixed seed,
 in the suite) and tests/chaos/soak.py (``make soak``: any seed, any length, figures for BENCHMARKS.md).
 """
+import json
 import os
 import random
-import shutil
 import subprocess
 import tempfile
 import time
@@ -232,7 +232,7 @@ def _no_rank_left(beacons: str, fault: Fault) -> List[str]:
     for name in os.listdir(beacons):
         if name.endswith(".json"):
             with open(os.path.join(beacons, name)) as f:
-                pid = __import__("json").load(f)["pid"]
+                pid = json.load(f)["pid"]
             if _alive(pid):
                 found.append(f"rank process {pid} ({name}) outlived its run")
                 _kill(pid)
@@ -264,7 +264,3 @@ def _kill(pid: int) -> None:
         os.kill(pid, 9)
     except ProcessLookupError:
         pass
-
-
-def remove(root: str) -> None:
-    shutil.rmtree(root, ignore_errors=True)

@@ -6,7 +6,6 @@ Connect snippet needs a server at the address it names, and is left to tests/spa
 
 On the 3.5 line only, as each notebook runs on one line (tests/e2e/test_notebooks.py): the snippets call the
 API every other test calls on both lines, and both lines' suites share two cores within a 35-minute budget."""
-import io
 import os
 import re
 
