@@ -18,6 +18,7 @@ Fixtures (use at most one spark_* fixture per test: only one SparkContext can li
 """
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -30,6 +31,11 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["SPARK_DIST_TEST_SESSION"] = uuid.uuid4().hex  # fresh even in a nested pytest
+# A suite started in the background by a shell (`make test &`, nohup) inherits SIGINT ignored, and so would every
+# process it starts: the tests that press Ctrl-C on a command need it as a terminal leaves it. A handler here is
+# reset to the default in each program the suite starts.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Every temp file of the run in a directory of its own, removed at the end: what JVMs killed on purpose leave
 # (their native libraries, Spark's local directories) and what torchrun leaves (a log directory per agent, one
 # per task of PySpark's TorchDistributor) would otherwise stay in the machine's temp dir after each run. Python
