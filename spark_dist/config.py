@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Tuple
 
+from .conf_values import conf_bool, conf_choice, conf_count, conf_seconds, parse_size, port_range  # noqa: F401
 from .errors import ConfigError, ClusterConfigError
 from .wire.ranks import LAYOUTS
 
@@ -29,6 +30,9 @@ CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
 CONF_STORE_PORT = "spark.dist.storePort"
 CONF_HOROVOD_RENDEZVOUS_PORT = "spark.dist.horovod.rendezvousPort"
 CONF_HOROVOD_IMPL = "spark.dist.horovod.impl"  # auto | horovod | torch: see backends/horovod.py
+CONF_STALL_TIMEOUT = "spark.dist.stallTimeout"
+CONF_STALL_ACTION = "spark.dist.stallAction"
+STALL_ACTIONS = ("warn", "fail", "off")  # see spark_dist/driver/stall.py
 # Keys also read from the session's runtime conf (spark.conf.set) at each run.
 # spark.ssl.enabled too: PySpark's TorchDistributor reads it with spark.conf.get, so a value set at run time counts.
 RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL,
@@ -36,57 +40,10 @@ RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED
                 CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_MIN_PROCESSES, CONF_MAX_PREEMPTIONS, CONF_MAX_SHORT_GROWS,
                 CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
                 CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT,
-                CONF_HOROVOD_IMPL)
+                CONF_HOROVOD_IMPL, CONF_STALL_TIMEOUT, CONF_STALL_ACTION)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 BACKENDS = ("ddp", "horovod")
-
-
-def _conf_bool(conf: Mapping[str, str], key: str, default: bool = False) -> bool:
-    value = conf.get(key)
-    if value is None:
-        return default
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"Spark conf {key}={value!r} is not a boolean: use true or false")
-
-
-def _conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
-    value = conf.get(key)
-    if value is None:
-        return default
-    text = str(value).strip().lower().rstrip("s")
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ConfigError(f"Spark conf {key}={value!r} is not a number of seconds (e.g. 30 or 30s)") from None
-    if seconds <= 0:
-        raise ConfigError(f"Spark conf {key}={value!r} must be positive")
-    return seconds
-
-
-def port_range(conf: Mapping[str, str], key: str) -> Optional[Tuple[int, int]]:
-    """The ports ``key`` allows as ``(first, last)``, both included: a port (``29500``) or a range
-    (``29500-29600``); ``None`` when unset (any free port).
-
-    Raises:
-        ConfigError: naming ``key``: not a port or a range of them (1-65535, first <= last).
-    """
-    value = conf.get(key)
-    if value is None or not str(value).strip():
-        return None
-    first, sep, last = str(value).strip().partition("-")
-    try:
-        ports = (int(first), int(last) if sep else int(first))
-    except ValueError:
-        ports = (0, 0)
-    if not (1 <= ports[0] <= ports[1] <= 65535):
-        raise ConfigError(f"Spark conf {key}={value!r} is not a port or a range of ports: use one port (29500) "
-                          "or first-last (29500-29600), within 1-65535")
-    return ports
 
 
 def slot_wait_timeout(conf: Mapping[str, str]) -> float:
@@ -95,7 +52,7 @@ def slot_wait_timeout(conf: Mapping[str, str]) -> float:
     Raises:
         ConfigError: the value is not a positive number of seconds.
     """
-    return _conf_seconds(conf, CONF_SLOT_WAIT, 30.0)
+    return conf_seconds(conf, CONF_SLOT_WAIT, 30.0)
 
 
 def task_gpu_amount(conf: Mapping[str, str]) -> float:
@@ -204,6 +161,11 @@ class RunConfig:
     abort_grace_period: float = 5.0
     host_lost_timeout: float = 10.0  # ranks silent this long (no heartbeat) mean their host is lost
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
+    # No rank finished a step for this long while all are alive: the driver diagnoses a stall from their stacks.
+    # Five minutes: longer than a step, a checkpoint or an evaluation of most runs, and well before the
+    # collectives' own timeouts (NCCL's 10 minutes, gloo's 30) would end a hung run without saying where.
+    stall_timeout: float = 300.0
+    stall_action: str = "warn"  # then: warn (print it, go on), fail (RunStalledError), off (never watched)
     store_ports: Optional[Tuple[int, int]] = None  # the run's store binds one of these (first, last); None: any
     horovod_rendezvous_ports: Optional[Tuple[int, int]] = None  # the same for Horovod's rendezvous server
     max_result_bytes: int = 0  # spark.driver.maxResultSize: the most rank 0's result may be (0: no bound)
@@ -283,7 +245,7 @@ class RunConfig:
             checkpoint_dir = checkpoint_root(conf[CONF_CHECKPOINT_DIR], CONF_CHECKPOINT_DIR)
         else:
             checkpoint_dir = None
-        if not local_mode and _conf_bool(conf, "spark.dynamicAllocation.enabled"):
+        if not local_mode and conf_bool(conf, "spark.dynamicAllocation.enabled"):
             raise ConfigError(
                 "barrier-mode training cannot run with dynamic allocation: "
                 "set spark.dynamicAllocation.enabled=false"
@@ -292,8 +254,8 @@ class RunConfig:
             conf = {}
         elif not local_mode and use_gpu:
             require_task_gpus(conf)
-        ssl_enabled = _conf_bool(conf, "spark.ssl.enabled")
-        allow_unencrypted = any(_conf_bool(conf, key) for key in (
+        ssl_enabled = conf_bool(conf, "spark.ssl.enabled")
+        allow_unencrypted = any(conf_bool(conf, key) for key in (
             CONF_ALLOW_UNENCRYPTED, CONF_TORCH_DISTRIBUTOR_IGNORE_SSL, CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL))
         # Local mode keeps the traffic on the driver's machine: allowed, as PySpark checks only task runs.
         if ssl_enabled and not allow_unencrypted and not local_mode:
@@ -316,8 +278,8 @@ class RunConfig:
         return cls(
             num_processes=num_processes,
             min_processes=min_processes,
-            max_preemptions=_conf_count(conf, CONF_MAX_PREEMPTIONS, 10),
-            max_short_grows=_conf_count(conf, CONF_MAX_SHORT_GROWS, 5),
+            max_preemptions=conf_count(conf, CONF_MAX_PREEMPTIONS, 10),
+            max_short_grows=conf_count(conf, CONF_MAX_SHORT_GROWS, 5),
             backend=backend,
             local_mode=bool(local_mode),
             use_gpu=bool(use_gpu),
@@ -329,11 +291,13 @@ class RunConfig:
             driver_host=driver_host,
             bind_address=bind_address,
             slot_wait_timeout=slot_wait_timeout(conf),
-            retry_slot_wait_timeout=_conf_seconds(conf, CONF_RETRY_SLOT_WAIT, 600.0),
-            rendezvous_timeout=_conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
-            abort_grace_period=_conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
-            host_lost_timeout=_conf_seconds(conf, CONF_HOST_LOST_TIMEOUT, 10.0),
-            collective_timeout=_conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
+            retry_slot_wait_timeout=conf_seconds(conf, CONF_RETRY_SLOT_WAIT, 600.0),
+            rendezvous_timeout=conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
+            abort_grace_period=conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
+            host_lost_timeout=conf_seconds(conf, CONF_HOST_LOST_TIMEOUT, 10.0),
+            collective_timeout=conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
+            stall_timeout=conf_seconds(conf, CONF_STALL_TIMEOUT, 300.0),
+            stall_action=conf_choice(conf, CONF_STALL_ACTION, STALL_ACTIONS, "warn"),
             store_ports=port_range(conf, CONF_STORE_PORT),
             horovod_rendezvous_ports=port_range(conf, CONF_HOROVOD_RENDEZVOUS_PORT),
             # Local-mode results come back through a file, not a Spark task: Spark's bound does not apply.
@@ -347,18 +311,6 @@ class RunConfig:
 
 
 MAX_RESULT_SIZE_CONF = "spark.driver.maxResultSize"
-
-
-def _conf_count(conf: Mapping[str, str], key: str, default: int) -> int:
-    """A count >= 0 from conf ``key``.
-
-    Raises:
-        ConfigError: not a whole number >= 0, naming ``key``.
-    """
-    text = str(conf.get(key, default)).strip()
-    if not text.isdigit():
-        raise ConfigError(f"Spark conf {key}={conf.get(key)!r} is not a count (a whole number >= 0)")
-    return int(text)
 
 
 def _min_processes(value, conf: Mapping[str, str], num_processes: int) -> int:
@@ -376,17 +328,3 @@ def _min_processes(value, conf: Mapping[str, str], num_processes: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= num_processes:
         raise ConfigError(f"{name} must be an integer from 1 to num_processes ({num_processes}), got {value!r}")
     return value
-
-
-def parse_size(value: str) -> int:
-    """Bytes in a Spark size string (``"1g"``, ``"512m"``, ``"1024"`` bytes; Spark's default unit for
-    maxResultSize is bytes when no unit is given).
-
-    Raises:
-        ValueError: not a size.
-    """
-    text = value.strip().lower().rstrip("b")
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)

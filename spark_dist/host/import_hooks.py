@@ -7,7 +7,7 @@ in ranks (:mod:`spark_dist.task.teardown`).
 """
 import importlib.abc
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 
 class PatchOnImport(importlib.abc.MetaPathFinder):
@@ -51,3 +51,25 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def __getattr__(self, name):  # is_package, get_source, resource readers: the real loader's
         return getattr(self._loader, name)
+
+
+_waiting: Dict[str, List[Callable[[Any], None]]] = {}  # module name -> what runs on it once it is imported
+_finder: Optional[PatchOnImport] = None  # one finder for them all: two for one module would ask each other
+
+
+def when_imported(name: str, fn: Callable[[Any], None]) -> None:
+    """Run ``fn(module)`` on module ``name``: now if it is imported, else right after it first runs."""
+    global _finder
+    module = sys.modules.get(name)
+    if module is not None:
+        fn(module)
+        return
+    _waiting.setdefault(name, []).append(fn)
+    if _finder is None:
+        _finder = PatchOnImport(lambda wanted: wanted in _waiting, _run_waiting)
+        sys.meta_path.insert(0, _finder)
+
+
+def _run_waiting(module) -> None:
+    for fn in _waiting.pop(module.__name__, []):
+        fn(module)

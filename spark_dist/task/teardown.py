@@ -17,7 +17,7 @@ import functools
 import sys
 from typing import Callable, List
 
-from ..host.import_hooks import PatchOnImport
+from ..host.import_hooks import when_imported
 
 _C10D = "torch.distributed.distributed_c10d"
 _kept: List[object] = []  # the process groups destroyed here, never freed before the rank's os._exit
@@ -38,7 +38,7 @@ def keep_process_groups_until_exit() -> None:
     if c10d is not None:
         _wrap(c10d)
     elif not _hooked:  # wrapped right after distributed_c10d runs, before torch.distributed re-exports it
-        sys.meta_path.insert(0, PatchOnImport(lambda name: name == _C10D, _wrap))
+        when_imported(_C10D, _wrap)
         _hooked = True
 
 

@@ -15,7 +15,7 @@ LAYERS = [
     ["spark_dist.errors"],
     ["spark_dist.wire", "spark_dist.host", "spark_dist.horovod"],
     ["spark_dist.spark"],
-    ["spark_dist.config"],
+    ["spark_dist.conf_values", "spark_dist.config"],
     ["spark_dist.data", "spark_dist.backends"],
     ["spark_dist.task"],
     ["spark_dist.driver"],
