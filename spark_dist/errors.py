@@ -232,7 +232,14 @@ def sigkill_cause(on_driver: bool) -> str:
 
 def _innermost_frame(stack: str) -> str:
     """The innermost frame of the main thread in a faulthandler dump (its outermost frame is child_main)."""
-    blocks, current = [], []
+    frames = main_thread_frames(stack)
+    return frames[0] if frames else ""
+
+
+def main_thread_frames(stack: str) -> List[str]:
+    """The frames of the main thread (the one running child_main) in a faulthandler dump, innermost first."""
+    blocks: List[List[str]] = []
+    current: List[str] = []
     for line in stack.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
             current = []
@@ -241,8 +248,7 @@ def _innermost_frame(stack: str) -> str:
             if not blocks:
                 blocks.append(current)
             current.append(line.strip())
-    main = next((b for b in blocks if any("in child_main" in f for f in b)), blocks[0] if blocks else [])
-    return main[0] if main else ""
+    return next((b for b in blocks if any("in child_main" in f for f in b)), blocks[0] if blocks else [])
 
 
 def root_cause(failures: List[RankFailure]) -> RankFailure:
@@ -291,3 +297,12 @@ class TrainingFailedError(RuntimeError):
 
 class RunTimeoutError(TrainingFailedError):
     """The run exceeded ``timeout`` (or a rank stopped answering)."""
+
+
+class RunStalledError(RunTimeoutError):
+    """No rank finished a step for ``spark.dist.stallTimeout`` while every rank was alive, and
+    ``spark.dist.stallAction`` is ``fail``. The ranks behind lead ``failures``; each failure's
+    ``remote_traceback`` is its rank's Python stack (all threads) as the stall found it."""
+
+    def __reduce__(self):
+        return (RunStalledError, (self.failures_list, self.attempts, self.run_id))

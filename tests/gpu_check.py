@@ -13,7 +13,9 @@ runs are in local mode over a dataset handle written with pyarrow, so no Spark j
   4. FSDP2 (tests/scripts/train_fsdp.py: ``fully_shard`` over NCCL) trains, saves sharded checkpoints (in the
      background: staged from GPU to CPU memory), and a second run of the same ``run_id`` resumes from them;
   5. DeepSpeed ZeRO stages 2 and 3 through ``spark_dist.DeepspeedTorchDistributor`` with a resume
-     (tests/gpu_check_deepspeed.py; skipped where deepspeed is not importable).
+     (tests/gpu_check_deepspeed.py; skipped where deepspeed is not importable);
+  6. a rank stalled after NCCL all-reduces is diagnosed with ``spark.dist.stallAction=fail``, and the
+     diagnosis holds its NCCL Flight Recorder dump, the all-reduces in it.
 
 ``--cpu`` runs the same steps without a GPU (gloo, CPU inference; step 2's fork failure is skipped), to check
 the script itself. Prints one line per check and exits non-zero if any fails.
@@ -172,6 +174,50 @@ def check_fsdp(directory, use_gpu):
                 f"loss {losses[0]:.4f} -> {losses[3]:.4f}")
 
 
+def blocks_after_collectives(steps):
+    """NCCL all-reduces, a step each, then the rank waits in its own code until the stall fails the run."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from spark_dist import get_context
+
+    ctx = get_context()
+    dist.init_process_group("nccl" if ctx.use_gpu else "gloo")
+    total = torch.ones(1, device=ctx.device)
+    for _ in range(steps):
+        dist.all_reduce(total)
+        ctx.step()
+    torch.cuda.synchronize() if ctx.use_gpu else None
+    threading.Event().wait(600)
+
+
+def check_stall(use_gpu):
+    """A stalled rank on NCCL: the diagnosis carries its Flight Recorder dump, the all-reduces in it."""
+    import pickle
+
+    from spark_dist import Distributor
+    from spark_dist.driver import distributor
+    from spark_dist.errors import RunStalledError
+
+    # Local mode without a session reads no Spark conf: set the two keys as a session's conf would hold them.
+    distributor._spark_conf = lambda spark: {"spark.dist.stallTimeout": "5", "spark.dist.stallAction": "fail"}
+    d = Distributor(num_processes=1, local_mode=True, use_gpu=use_gpu, verbose=False)
+    try:
+        d.run(blocks_after_collectives, 4)
+        return False, "the run did not stall"
+    except RunStalledError:
+        pass
+    [rank] = d.stalls[0].ranks
+    if not use_gpu:
+        return rank.nccl_trace is None, "gloo: no Flight Recorder dump, as expected"
+    trace = pickle.loads(rank.nccl_trace)
+    names = [entry.get("profiling_name", "") for entry in trace.get("entries", [])]
+    ok = sum("allreduce" in n for n in names) >= 4
+    return ok, f"Flight Recorder dump of {len(names)} collectives, {sum('allreduce' in n for n in names)} all-reduces"
+
+
 def check_deepspeed(use_gpu):
     try:
         import deepspeed  # noqa: F401
@@ -200,7 +246,8 @@ def main() -> int:
                             ("inference", lambda: check_inference(pixels, use_gpu)),
                             ("fork after CUDA", lambda: check_fork_after_cuda(handle, use_gpu)),
                             ("FSDP2", lambda: check_fsdp(directory, use_gpu)),
-                            ("DeepSpeed", lambda: check_deepspeed(use_gpu))):
+                            ("DeepSpeed", lambda: check_deepspeed(use_gpu)),
+                            ("stall with NCCL's Flight Recorder", lambda: check_stall(use_gpu))):
             try:
                 ok, detail = check()
             except Exception as exc:  # noqa: BLE001 -- report and go on to the next check

@@ -15,9 +15,10 @@ RANKS = 2  # the slots whose keys it guesses
 
 def key_names():
     fixed = [protocol.ABORT, protocol.ARRIVED, protocol.REPORTS, protocol.OUTPUT, protocol.FAILURES,
-             protocol.PROGRESS, protocol.RUN_SUCCEEDED, protocol.RESIZE]
+             protocol.PROGRESS, protocol.RUN_SUCCEEDED, protocol.RESIZE, protocol.STACKS_WANTED]
     per_slot = [f(i) for i in range(RANKS) for f in (protocol.task_key, protocol.assignment_key,
-                                                     protocol.ended_key, protocol.stack_key, protocol.beat_key)]
+                                                     protocol.ended_key, protocol.stack_key, protocol.beat_key,
+                                                     protocol.clock_key, protocol.stall_stack_key)]
     return fixed + per_slot
 
 

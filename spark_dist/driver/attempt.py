@@ -94,6 +94,8 @@ class Attempt:
         # A tuning study's trial runs on its lane (a barrier job serving run after run), not a job of its own.
         self.lane = None if self.store_in_task or config.local_mode else getattr(owner, "_lane", None)
         self._listener = None
+        self.submitted_at: Optional[float] = None  # time.time() when the job (or local ranks) started
+        self.seen: Optional[AttemptEvidence] = None  # what the attempt saw, once it ended
         host, port = "", 0
         if not self.store_in_task:
             # Only the port now: the store itself starts once the job is submitted, so the driver's first
@@ -141,6 +143,7 @@ class Attempt:
         ``(thread, done, records, errors)``; a lost executor, a cancelled job, an interrupt end up in
         ``errors``, reported as the attempt's failure."""
         done, records, errors = threading.Event(), [], []
+        self.submitted_at = time.time()
 
         def job():
             try:
@@ -173,7 +176,8 @@ class Attempt:
                                   host=self.config.driver_host, bind_address=self.config.bind_address,
                                   on_output=output.printer(self.owner.log_ranks),
                                   on_progress=self.owner._on_progress, resize_check=self.resize_check,
-                                  on_poll=self.owner._on_poll)
+                                  on_poll=self.owner._on_poll,
+                                  on_stall=lambda diagnosis: self.owner._on_stall(diagnosis, self.attempt))
         try:
             coordinator.watch(done.wait)
             thread.join()
@@ -196,7 +200,8 @@ class Attempt:
             self.backend.stop()
             # Dropping the last reference stops the store's server and closes its port.
             del store, coordinator, server
-        return outcome_of(dataclasses.replace(seen, store_port=self.spec.store_port))
+        self.seen = dataclasses.replace(seen, store_port=self.spec.store_port)
+        return outcome_of(self.seen)
 
     def _run_local(self, records: List[Any]) -> None:
         """The ranks as processes on the driver, one serving thread each; their records into ``records``."""
@@ -279,6 +284,7 @@ class Attempt:
             for line in from_first_task.output if show is not None else ():
                 show(*line)
         job_error = None if error is None else JobError(type(error).__name__, str(error))
-        return outcome_of(dataclasses.replace(
+        self.seen = dataclasses.replace(
             seen, records=tuple(r for r in records if not isinstance(r, first_task.FirstTaskReport)),
-            job_error=job_error, store_port=store_port, store_in_task=True))
+            job_error=job_error, store_port=store_port, store_in_task=True)
+        return outcome_of(self.seen)

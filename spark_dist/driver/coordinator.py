@@ -10,14 +10,16 @@ grace, and finally says what it saw (:class:`~spark_dist.driver.outcome.AttemptE
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..backends.base import torchrun_env
 from ..config import RunConfig
 from .outcome import AttemptEvidence, JobError
+from .stall import STACKS_WAIT_S, RankStack, StallDiagnosis, StallWatch, diagnose
 from ..task.output import OutputRelay
-from ..wire.protocol import (ABORT, ARRIVED, FAILURES, PROGRESS, REPORTS, RESIZE, RUN_SUCCEEDED, Abort, LaunchSpec,
-                       SlotAssignment, assignment_key, beat_key, ended_key, stack_key, task_key)
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, LOG_KEY, PROGRESS, REPORTS, RESIZE, RUN_SUCCEEDED,
+                             STACKS_WANTED, Abort, LaunchSpec, SlotAssignment, assignment_key, beat_key, clock_key,
+                             ended_key, stack_key, stall_stack_key, task_key)
 from ..wire.ranks import RankInfo, TaskInfo, assign_ranks
 from ..wire.sealed_store import FORGED, SealedStore
 from ..wire.store_log import StoreLog
@@ -47,6 +49,8 @@ class Coordinator:
             assigned; its first reason goes to the ranks (``resize``).
         on_poll: called every poll; what it raises leaves the watch as a report hook's exception does (a
             stopped trial of a study).
+        on_stall: called with each stall's :class:`~spark_dist.driver.stall.StallDiagnosis` (default: its lines
+            as a ``log_to_driver`` record through ``on_report``).
     """
 
     def __init__(self, store: SealedStore, config: RunConfig, spec: LaunchSpec, backend,
@@ -55,7 +59,8 @@ class Coordinator:
                  on_output: Optional[Callable[[int, str, str], None]] = None,
                  on_progress: Optional[Callable[[tuple], None]] = None,
                  resize_check: Optional[Callable[[List[TaskInfo]], Optional[str]]] = None,
-                 on_poll: Optional[Callable[[], None]] = None):
+                 on_poll: Optional[Callable[[], None]] = None,
+                 on_stall: Optional[Callable[[StallDiagnosis], None]] = None):
         self.store, self.config, self.spec, self.backend = store, config, spec, backend
         # Not a bound method of self: a coordinator in a cycle lives until the cyclic GC runs, and with it the
         # store it holds, which the first task hosts under Spark Connect (its port must be free at its end).
@@ -81,6 +86,13 @@ class Coordinator:
         self.cancelled = False  # whether this coordinator cancelled the job itself
         self.resize_check = resize_check
         self.next_resize_check = 0.0
+        self.steps: Dict[int, int] = {}  # rank -> its step count, as its latest beat said
+        self.stall_watch = StallWatch(config.stall_timeout, config.stall_action)
+        self.on_stall = on_stall or (lambda diagnosis: on_report({LOG_KEY: "\n".join(
+            f"[spark_dist] {line}" for line in diagnosis.lines())}))
+        self.stall_asked: Optional[Tuple[float, float]] = None  # (when the stacks were asked for, still for)
+        self.stalled: Optional[StallDiagnosis] = None  # the stall that ends the run (stallAction=fail)
+        self.failed_at: Optional[float] = None  # time.time() when the attempt's abort was set (a failure, ...)
 
     def watch(self, poll_until: Callable[[float], bool]) -> None:
         """Assign ranks, relay reports, enforce abort and timeout until ``job_ended()``.
@@ -128,11 +140,16 @@ class Coordinator:
                 abort_at = now
                 cancelled = self.cancelled = True  # the silent host's tasks cannot stop by themselves: no grace
                 self.cancel()
+            if assigned and abort_at is None and self._stall_settled(now):
+                self.store.put(ABORT, Abort.STALLED)
+                abort_at = now
             if abort_at is None and self.store.has(ABORT):
                 abort_at = now
             if self.deadline is not None and now > self.deadline and abort_at is None:
                 self.store.put(ABORT, Abort.TIMEOUT)
                 abort_at, self.timed_out = now, True
+            if abort_at is not None and self.failed_at is None:  # the goodput's end of this attempt's work
+                self.failed_at = time.time() - (now - abort_at)
             if abort_at is not None and not cancelled and now - abort_at > self.config.abort_grace_period:
                 cancelled = self.cancelled = True
                 self.cancel()
@@ -194,10 +211,11 @@ class Coordinator:
             return False
         self.next_beat_check = now + 0.5
         running = [r for r in self.ranks if r.rank not in self.ended]
-        counts = self._beats([r.rank for r in running])
+        beats = self._beats([r.rank for r in running])
+        self.steps.update({rank: steps for rank, (_, steps) in beats.items()})
         silent_hosts = set()
         for r in running:
-            count = counts[r.rank]
+            count = beats[r.rank][0]
             seen_count, since = self.beats.get(r.rank, (None, now))
             if seen_count is None or count > seen_count:
                 self.beats[r.rank] = (count, now)
@@ -206,17 +224,47 @@ class Coordinator:
             if now - since > bound and not self._ended(r.rank):
                 silent_hosts.add(r.host)
         self.lost_ranks = [r for r in running if r.host in silent_hosts and not self._ended(r.rank)]
+        if not self.lost_ranks and self.stall_asked is None and self.stall_watch.observe(
+                now, {r.rank: self.steps.get(r.rank, 0) for r in running}):
+            self.stall_asked = (now, self.stall_watch.still_for(now))
+            self.store.put(STACKS_WANTED, self.stall_watch.stalls)  # every supervisor dumps its rank's stack
         return bool(self.lost_ranks)
 
-    def _beats(self, ranks: List[int]) -> Dict[int, int]:
-        """Each rank's latest sealed beat number (0: none yet, or not ours): one round trip once every rank
-        has beaten, one per rank before."""
+    def _beats(self, ranks: List[int]) -> Dict[int, Tuple[int, int]]:
+        """Each rank's latest sealed beat, ``(number, steps)`` (``(0, 0)``: none yet, or not ours): one round
+        trip once every rank has beaten, one per rank before."""
         keys = [beat_key(r) for r in ranks]
         if ranks and self.store.raw.check([self.store.key(k) for k in keys]):
             values = self.store.get_many(keys)
         else:
             values = [self.store.lookup(k, 0) for k in keys]
-        return {r: v if isinstance(v, int) else 0 for r, v in zip(ranks, values)}
+        return {r: v if _is_beat(v) else (0, 0) for r, v in zip(ranks, values)}
+
+    def _stall_settled(self, now: float) -> bool:
+        """Once the stacks a stall asked for are in (or STACKS_WAIT_S passed): the diagnosis goes to
+        ``on_stall``; True when ``spark.dist.stallAction`` says it ends the run (then ``stalled`` holds it)."""
+        if self.stall_asked is None:
+            return False
+        asked_at, still_for = self.stall_asked
+        number = self.stall_watch.stalls
+        running = [r for r in self.ranks if not self._ended(r.rank)]
+        found = {}  # rank -> (its stack, its NCCL Flight Recorder dump or None)
+        for r in running:
+            value = self.store.lookup(stall_stack_key(r.rank))
+            if isinstance(value, tuple) and len(value) == 3 and value[0] == number:
+                found[r.rank] = (str(value[1]), value[2] if isinstance(value[2], bytes) else None)
+        if len(found) < len(running) and now - asked_at < STACKS_WAIT_S:
+            return False
+        self.stall_asked = None
+        diagnosis = diagnose(still_for + now - asked_at, [
+            RankStack(r.rank, r.host, self.steps.get(r.rank, 0),
+                      *found.get(r.rank, ("(no stack: its supervisor did not answer in time)", None)))
+            for r in running], number)
+        self.on_stall(diagnosis)
+        if self.config.stall_action == "fail":
+            self.stalled = diagnosis
+            return True
+        return False
 
     def _ended(self, rank: int) -> bool:
         """Whether ``rank``'s supervisor said (sealed) that it ended; remembered once seen."""
@@ -274,10 +322,16 @@ class Coordinator:
         store = self.store
         failures = tuple(self._take_failures())
         stacks = {r.rank: stack for r in self.ranks if (stack := store.lookup(stack_key(r.rank))) is not None}
+        clocks = {r.rank: clock for r in self.ranks if isinstance(clock := store.lookup(clock_key(r.rank)), dict)}
         return AttemptEvidence(
             driver_host=self.config.driver_host, rendezvous_timeout=self.config.rendezvous_timeout,
             host_lost_timeout=self.config.host_lost_timeout, timeout=self.config.timeout, now=time.time(),
             tasks=tuple(self.tasks), ranks=tuple(self.ranks), failures=failures, stacks=stacks,
             records=tuple(records), timed_out=self.timed_out, lost_ranks=tuple(r.rank for r in self.lost_ranks),
-            rendezvous_missing=tuple(self.rendezvous_missing), cancelled_here=self.cancelled,
+            rendezvous_missing=tuple(self.rendezvous_missing), cancelled_here=self.cancelled, stalled=self.stalled,
+            clocks=clocks, failed_at=self.failed_at,
             job_error=None if job_error is None else JobError(type(job_error).__name__, str(job_error)))
+
+
+def _is_beat(value) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and all(type(v) is int for v in value)

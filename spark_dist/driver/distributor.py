@@ -15,13 +15,12 @@ from typing import Any, Dict, List, Optional
 from ..data import prepare
 from ..task import checkpoint_dirs, output
 from ..spark import session, worker_python
-from . import elastic, slots, summary, tracking
+from . import elastic, goodput, slots, tracking
 from ..backends import get_backend
 from ..config import CONF_RETRY_SLOT_WAIT, RunConfig
-from ..wire.protocol import INPUT_STATS_KEY, LOG_KEY, REPORT_KEYS
-from ..task.sharded_checkpoints import CHECKPOINT_KEY
-from ..errors import ConfigError, RankFailure, RunTimeoutError, TrainingFailedError, root_cause
+from ..errors import ConfigError, RankFailure, RunStalledError, RunTimeoutError, TrainingFailedError, root_cause
 from .attempt import Attempt, Sizes
+from .run_view import RunView, times_of
 from .outcome import worth_retrying
 from .job_bytes import pickle_job
 
@@ -29,7 +28,7 @@ log = logging.getLogger("spark_dist")
 _GROW_SETTLE_S = 30.0
 
 
-class Distributor:
+class Distributor(RunView):
     """Runs a training function or script on ``num_processes`` ranks of a Spark cluster.
 
     Args:
@@ -87,7 +86,12 @@ class Distributor:
         self.log_ranks = log_ranks or ("all" if verbose else "none")
         self._spark = spark
         self.history: List[Dict[str, Any]] = []
-        self.input_stats: List[Dict[str, Any]] = []  # per rank: input_wait_seconds, train_seconds, batches
+        # Per rank: input_wait_seconds, train_seconds, batches (with a loader), and its steps' medians (steps).
+        self.input_stats: List[Dict[str, Any]] = []
+        self.stalls: List[Any] = []  # the last run's stalls, each a spark_dist.driver.stall.StallDiagnosis
+        self.goodput_rows: List[Dict[str, Any]] = []  # the last run's time split, a row per attempt (goodput())
+        self._attempt_times: List[goodput.AttemptTimes] = []
+        self._run_started = 0.0
         self.last_run_id: Optional[str] = None
         self.checkpoints: List[Dict[str, Any]] = []  # the last run's sharded checkpoints kept, as rank 0 told
         self._checkpoints_kept = True
@@ -109,6 +113,7 @@ class Distributor:
         return self._run(train_object, args, kwargs, datasets)
 
     def _run(self, train_object, args, kwargs, datasets: Optional[Dict[str, Any]]):
+        self._run_started, self._attempt_times, self.goodput_rows = time.time(), [], []
         spark = self._session()
         conf = _spark_conf(spark)
         remote = session.is_connect(spark)
@@ -149,7 +154,7 @@ class Distributor:
                             "on another host would not find them. Set spark.dist.checkpointDir (or "
                             "checkpoint_dir=) to a filesystem every executor sees.", config.run_id,
                             ", ".join(unshared))
-        self.history, self.input_stats, self.checkpoints = [], [], []
+        self.history, self.input_stats, self.checkpoints, self.stalls = [], [], [], []
         self._checkpoints_kept = not checkpoint_dirs.removed_after_success(config)
         self.last_run_id = config.run_id
         self._bar = output.ProgressBar()
@@ -157,6 +162,7 @@ class Distributor:
         try:
             result = self._attempts(config, spark, backend, job_bytes, handles, checkpoint_dir, first_size)
         except BaseException:
+            self._account(goodput.split(self._run_started, time.time(), self._attempt_times))
             self._tracker.end(failed=True)
             raise
         self._tracker.input_stats(self.input_stats)
@@ -183,12 +189,15 @@ class Distributor:
             sized = config if size == config.num_processes else dataclasses.replace(
                 config, num_processes=size, grow_wait=short_grows.wait_for(ended, size))
             # no eviction of these caches while the ranks read them; the job only once its slots are free
+            queued_at = time.time()
             with prepare.not_evicted(handles), self._slots(spark, sized, attempt) as queued:
                 started += queued  # waiting behind this process's other runs is not the run's time
                 remaining = None if config.timeout is None else config.timeout - (time.monotonic() - started)
                 # The store on the driver (classic session, local mode) or in the first task (Connect).
-                outcome = Attempt(self, sized, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
-                                  remaining, Sizes(config.num_processes, previous_size)).run()
+                running = Attempt(self, sized, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
+                                  remaining, Sizes(config.num_processes, previous_size))
+                outcome = running.run()
+            self._attempt_times.append(times_of(running, attempt, size, queued_at, outcome))
             if outcome.failures is None:
                 import cloudpickle
 
@@ -197,6 +206,7 @@ class Distributor:
                     result = [cloudpickle.loads(every[rank]) for rank in sorted(every)]
                 else:
                     result = cloudpickle.loads(outcome.result_bytes)
+                self._account(goodput.split(self._run_started, time.time(), self._attempt_times))
                 self._summary(sized, attempt, time.monotonic() - started)
                 if checkpoint_dirs.removed_after_success(config):  # the driver's own copy (local mode)
                     checkpoint_dirs.remove(checkpoint_dir)
@@ -204,7 +214,7 @@ class Distributor:
             ended, previous_size = outcome.failures, size
             self._bar.close()
             if outcome.timed_out:
-                raise RunTimeoutError(ended, attempt + 1, config.run_id)
+                raise (RunStalledError if outcome.stalled else RunTimeoutError)(ended, attempt + 1, config.run_id)
             backend = get_backend(config.backend, config)
             stop = elastic.stop_of(ended)
             if stop is not None:
@@ -304,62 +314,8 @@ class Distributor:
             return active
         return SparkSession.builder.getOrCreate()
 
-    @property
-    def best_checkpoint(self) -> Optional[str]:
-        """The directory of the last run's best sharded checkpoint (by the ``metric`` its saves named, else the
-        latest), as rank 0's host sees it; ``None`` when it saved none, or when its checkpoints went with the
-        run (the default directory of a run whose ``run_id`` spark_dist drew is removed once it succeeded: give
-        ``checkpoint_dir=`` or ``run_id=`` to keep them). Read it with
-        ``spark_dist.task.sharded_checkpoints.load_full(path)`` or a ``load_checkpoint`` of a resumed run. The
-        ranking is retention's (a NaN or infinite score ranks last), so the one named is one retention kept."""
-        from ..task.retention import best_of
-
-        if not self.checkpoints or not self._checkpoints_kept:
-            return None
-        best = best_of(self.checkpoints, 1, self.checkpoints[-1]["mode"], score=lambda c: c["score"])
-        return (best[0] if best else self.checkpoints[-1])["path"]
-
-    def _on_report(self, record: Dict[str, Any]) -> None:
-        if CHECKPOINT_KEY in record:  # rank 0 committed a sharded checkpoint (and removed some)
-            done = record[CHECKPOINT_KEY]
-            gone = set(done["removed"]) | {done["path"]}
-            self.checkpoints = [c for c in self.checkpoints if c["path"] not in gone] + [
-                {k: done[k] for k in ("path", "seq", "metric", "score", "mode")}]
-            return
-        if LOG_KEY in record:  # log_to_driver: shown whatever the verbosity, kept nowhere
-            print(record[LOG_KEY], flush=True)
-            return
-        if INPUT_STATS_KEY in record:  # the rank's input statistics, shown in the summary
-            self.input_stats.append({k: v for k, v in record.items() if k != INPUT_STATS_KEY})
-            return
-        self.history.append(record)
-        self._tracker.report(record)
-        if self.verbose:
-            metrics = {k: v for k, v in record.items() if k not in REPORT_KEYS}
-            if record.get("rank") == 0:
-                self._bar.show_metrics(metrics)
-            shown = " ".join(f"{k}={summary.metric_text(v)}" for k, v in metrics.items())
-            print(f"[spark_dist rank {record.get('rank')}] {shown}", flush=True)
-
-    def _on_progress(self, progress) -> None:
-        """Where rank 0's loader is (epoch, step, steps, its steps/s): the bar only, not history."""
-        if self.verbose:
-            self._bar.advance(*progress)
-
     def _on_poll(self) -> None:
         """Called at each of the driver's looks at a running attempt; what a subclass raises ends it."""
-
-    def history_frame(self):
-        """The last run's ``ctx.report`` records as a pandas DataFrame, one row per report in the order they
-        arrived: ``rank``, ``attempt``, ``time`` (a timestamp) and one column per metric, ready to plot
-        (``d.history_frame().query("rank == 0").plot(x="epoch", y="loss")``); with the driver's rows (no
-        ``rank``) of each resize and preemption: ``event``, ``world_size``, ``reason``."""
-        return summary.history_frame(self.history)
-
-    def _summary(self, config: RunConfig, attempt: int, seconds: float) -> None:
-        self._bar.close()
-        if self.verbose:
-            summary.print_summary(config, attempt, seconds, self.history, self.input_stats)
 
 
 def _spark_conf(spark) -> Dict[str, str]:

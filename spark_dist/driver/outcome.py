@@ -48,6 +48,9 @@ class AttemptEvidence:
     cancelled_here: bool = False                  # spark_dist itself cancelled the job (abort grace, lost host)
     store_port: int = 0                           # where the run's store listened, on driver_host (0: unknown)
     store_in_task: bool = False                   # the first task hosted the store (Spark Connect), not the driver
+    stalled: Any = None                           # the StallDiagnosis that ended the run (stallAction=fail)
+    clocks: Mapping[int, dict] = field(default_factory=dict)  # rank -> its clock as it ended (task/steps.py)
+    failed_at: Optional[float] = None             # time.time() when the attempt was aborted (None: it was not)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Outcome:
     failures: Optional[List[RankFailure]] = None
     timed_out: bool = False
     rank_results: Optional[Dict[int, bytes]] = None
+    stalled: bool = False  # timed out by spark.dist.stallAction=fail, not by timeout=
 
 
 def outcome_of(seen: AttemptEvidence) -> Outcome:
@@ -66,6 +70,8 @@ def outcome_of(seen: AttemptEvidence) -> Outcome:
     seen = _on_driver(seen)
     if seen.timed_out:
         return Outcome(failures=_timed_out(seen), timed_out=True)
+    if seen.stalled is not None:
+        return Outcome(failures=_stalled(seen), timed_out=True, stalled=True)
     if seen.lost_ranks:  # the silent host is the root cause; what its peers reported follows from it
         lost = [_rank_failure(seen, rank, f"host {seen.ranks[_task_of(seen, rank)].host} went silent: no "
                               f"heartbeat from its ranks for {seen.host_lost_timeout:g}s ({CONF_HOST_LOST_TIMEOUT}); "
@@ -126,6 +132,18 @@ def _timed_out(seen: AttemptEvidence) -> List[RankFailure]:
     return hung + echoes or [RankFailure(
         None, seen.driver_host, "timeout",
         message + (" while the ranks were starting" if seen.ranks else " before every rank started"))]
+
+
+def _stalled(seen: AttemptEvidence) -> List[RankFailure]:
+    """The stall's ranks, those behind first, each with its stack; then what the others reported after the
+    abort, for a rank without a stack only."""
+    diagnosis = seen.stalled
+    message = diagnosis.headline()
+    ordered = sorted(diagnosis.ranks, key=lambda r: (r.rank not in diagnosis.behind, r.rank))
+    stuck = [RankFailure(r.rank, r.host, "stalled", f"{message}; it waits in {r.frame}"
+                         + (f", from {r.own_frame}" if r.own_frame else ""), traceback=r.stack, seq=n + 1,
+                         time=seen.now) for n, r in enumerate(ordered)]
+    return stuck + _after(seen.failures, len(stuck) + 1, skip={r.rank for r in ordered})
 
 
 def _silence(stack: str) -> int:

@@ -87,11 +87,37 @@ class Tracker:
         self._log(lambda: self.mlflow.log_metric("world_size", size, step=attempt))
 
     def input_stats(self, stats) -> None:
-        """Each rank's time waiting for data, against its training time."""
+        """Each rank's time waiting for data, against its training time, and its median step."""
         for s in stats:
             self._log(lambda s=s: self.mlflow.log_metrics({
-                f"input_wait_seconds_rank{s['rank']}": s["input_wait_seconds"],
-                f"train_seconds_rank{s['rank']}": s["train_seconds"]}))
+                f"{name}_rank{s['rank']}": s[name]
+                for name in ("input_wait_seconds", "train_seconds", "step_p50", "own_p50") if name in s}))
+
+    def goodput(self, total: Dict[str, float], recovery_seconds: float) -> None:
+        """The run's goodput (training over wall time), the shares of data wait and checkpoint stalls, and the
+        seconds its failures cost (spark_dist.driver.goodput)."""
+        wall = total["wall"] or 1.0
+        self._log(lambda: self.mlflow.log_metrics({
+            "goodput": total["goodput"], "data_wait_fraction": round(total["data_wait"] / wall, 4),
+            "checkpoint_stall_fraction": round(total["checkpoint_stall"] / wall, 4),
+            "recovery_seconds": recovery_seconds}))
+
+    def stall(self, diagnosis, attempt: int) -> None:
+        """A stall's diagnosis (every rank's stack) as the artifact ``stalls/attempt<a>-<n>.txt``, with each
+        rank's NCCL Flight Recorder dump beside it (``nccl_trace_rank<r>.pkl``, torch's ``fr_trace`` reads it)."""
+        name = f"stalls/attempt{attempt}-{diagnosis.number}"
+        self._log(lambda: self.mlflow.log_text(diagnosis.text(), f"{name}.txt"))
+        for r in diagnosis.ranks:
+            if r.nccl_trace:
+                self._log(lambda r=r: self._log_bytes(r.nccl_trace, name, f"nccl_trace_rank{r.rank}.pkl"))
+
+    def _log_bytes(self, data: bytes, directory: str, name: str) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+            self.mlflow.log_artifact(os.path.join(tmp, name), directory)
 
     def model(self, model) -> None:
         """A fitted TorchModel, saved as MLflow artifacts under ``model/`` (``TorchModel.load`` reads them)."""

@@ -22,14 +22,14 @@ import time
 import traceback
 from typing import Any, Dict, Iterator, List, Optional
 
-from . import checkpoint_dirs, output
+from . import checkpoint_dirs, flight_recorder, output, rank_stack, steps
 from ..host import tempdirs
 from ..errors import RankFailure
-from ..wire.protocol import (ABORT, ARRIVED, FAILURES, NO_STACK, STOPPED, Abort, LaunchSpec, ResultChunk,
-                             TaskOutcome, TaskStatus, assignment_key, beat_key, ended_key, stack_key, task_key)
-from ..host import process_state
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, STACKS_WANTED, Abort, LaunchSpec, ResultChunk, TaskOutcome,
+                             TaskStatus, assignment_key, beat_key, clock_key, ended_key, stall_stack_key, stack_key,
+                             task_key)
 from ..host.parent_death import die_with_parent
-from .rank_process import child_main, exit_rank, join_run_store
+from .rank_process import STACK_FILE, child_main, exit_rank, join_run_store
 from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
 from ..wire.sealed_store import SealedStore
 from ..wire.store_log import StoreLog
@@ -66,6 +66,7 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
             rank = assignment.rank
             env = with_gloo_interface(assignment.env, slot.host)
             workdirs.append(tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}"))
+            steps.make_clock_file(workdirs[-1])
             started.append((slot, rank, start_child(spec, rank, env, workdirs[-1]), workdirs[-1]))
         outcomes = _supervise_all(started, store, spec, in_executor)
         supervised = True
@@ -223,24 +224,33 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     waiter.start()
     aborted = False
     poll = 0.005
-    next_beat, beats = 0.0, 0
+    next_beat, beats, stacks_sent = 0.0, 0, 0
+    clock = steps.ClockReader(os.path.join(workdir, steps.CLOCK_FILE))
+    stack_path = os.path.join(workdir, STACK_FILE)
     try:
         while waiter.is_alive():
             waiter.join(poll)
             poll = min(poll * 2, 0.05)
             if time.monotonic() >= next_beat:  # the driver tells a lost host by its ranks' silence
                 # Sealed and rising: only a higher number than the driver saw counts, so a peer can neither
-                # forge a beat nor replay an old one to keep a dead host looking alive.
+                # forge a beat nor replay an old one to keep a dead host looking alive. With it, the rank's
+                # step count: the driver tells a stall by counts that stopped while the beats go on.
                 beats += 1
-                store.put(beat_key(rank.rank), beats)
+                store.put(beat_key(rank.rank), (beats, clock.count()))
                 next_beat = time.monotonic() + HEARTBEAT_S
+                wanted = store.lookup(STACKS_WANTED, 0)
+                if isinstance(wanted, int) and wanted > stacks_sent:  # the driver diagnoses a stall
+                    stacks_sent = wanted
+                    stack = rank_stack.dump(child.pid, stack_path)
+                    trace = flight_recorder.ask(workdir) if spec.use_gpu else None
+                    store.put(stall_stack_key(rank.rank), (wanted, stack, trace))
             if publisher is not None:
                 publisher.publish()
             abort = store.lookup(ABORT) if waiter.is_alive() else None
             if abort is not None:
                 aborted = True
                 if abort == Abort.TIMEOUT:
-                    store.put(stack_key(rank.rank), _dump_stack(child, tail))
+                    store.put(stack_key(rank.rank), rank_stack.dump(child.pid, stack_path))
                 elif abort != Abort.CANCELLED:  # the caller gave up: no rank's report is wanted
                     # A rank that raised at about the same time as the one that aborted the run is writing
                     # its own report: let it finish, or "every rank raised the same error" (not retried)
@@ -261,6 +271,11 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     for reader in readers:
         reader.join(timeout=2.0)
     try:
+        try:  # the rank's clock as it left it (also when it was killed): the driver splits the run's time with it
+            store.put(clock_key(rank.rank), clock.read())
+        except Exception:  # noqa: BLE001 -- the driver's store may be gone already
+            pass
+        clock.close()
         return _conclude(store, rank, workdir, exit_code[0], aborted, tail)
     finally:
         # The last write: under Spark Connect the first task stops watching (and drops the store) once every
@@ -303,28 +318,6 @@ def _conclude(store: SealedStore, rank: RankInfo, workdir: str, exit_code, abort
 # --------------------------------------------------------------------------------------------------------
 # Starting the child
 # --------------------------------------------------------------------------------------------------------
-def _dump_stack(child: _ChildProcess, tail: output.StreamReader) -> str:
-    """Ask the child for its Python stack (faulthandler on SIGUSR1) and return what it printed; when it cannot
-    answer, :data:`~spark_dist.wire.protocol.NO_STACK` and why (the driver then names this rank first)."""
-    if process_state.stopped(child.pid):
-        return f"{NO_STACK}{STOPPED}: it was sent SIGSTOP, or a debugger holds it)"
-    before = tail.total
-    try:
-        os.kill(child.pid, signal.SIGUSR1)
-    except ProcessLookupError:
-        return ""
-    deadline = time.monotonic() + 1.0
-    seen = ""
-    while time.monotonic() < deadline:  # until the dump stops growing
-        time.sleep(0.05)
-        text = tail.since(before)
-        if text and text == seen:
-            break
-        seen = text
-    return tail.since(before)[-4000:] or (f"{NO_STACK}it did not answer a request for its stack within 1 s: "
-                                          "stuck outside Python, or its host is overloaded)")
-
-
 def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
     """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
     has initialised CUDA (a GPU ``transform`` ran here, say)."""

@@ -38,6 +38,8 @@ class TrainContext:
     initial_world_size: int = 0  # the run's num_processes (an elastic run's attempt may have fewer ranks)
     previous_world_size: int = 0  # the ranks of the attempt before this one (0: this is the first)
     _watch_resize: bool = field(default=False, repr=False)  # rank 0 stops at a checkpoint when the driver asks
+    # Counts and times this rank's steps (each batch of its loaders, or ctx.step()): see spark_dist.task.steps.
+    step_clock: Any = field(default=None, repr=False)
     _hear_preemption: list = field(default_factory=list, repr=False)  # on_preemption's callbacks, each run once
 
     @property
@@ -175,6 +177,7 @@ class TrainContext:
                              dtypes=dtypes, pad=pad, pad_side=pad_side, ragged=ragged, shapes=shapes,
                              transform=transform, workers=workers, collate=collate,
                              **({} if timeout is _LOADER_DEFAULT else {"timeout": timeout}))
+        loader.step_clock = self.step_clock
         if self.rank == 0 and self._reporter is not None:  # the driver's progress bar follows rank 0's loader
             loader.on_progress = self._progress
         self.loaders.append(loader)
@@ -204,6 +207,14 @@ class TrainContext:
     _progress_epoch = None
     _progress_finished = None  # (epoch, steps, rate) of the last epoch rank 0 finished
     _progress_started = 0.0
+
+    def step(self) -> None:
+        """Mark the end of a training step, where the loop has no loader from :meth:`loader` (whose batches are
+        counted as steps by themselves: do not mark those). The driver watches the ranks' steps for a stall
+        (``spark.dist.stallTimeout``) and times them for its summary: a run that counts no steps is not
+        watched for stalls."""
+        if self.step_clock is not None:
+            self.step_clock.mark()
 
     # -- metrics ----------------------------------------------------------------------------------------
     def report(self, **metrics) -> None:
@@ -259,7 +270,10 @@ class TrainContext:
             ConfigError: a sharded checkpoint in the default directory with ranks on several hosts.
             RuntimeError: a sharded checkpoint with several ranks and no ``torch.distributed`` process group.
         """
+        started = time.perf_counter()
         self._checkpoints().save(obj, sharded=sharded, async_save=async_save, keep=keep, metric=metric, mode=mode)
+        if self.step_clock is not None:  # the blocking part of the save: the run's checkpoint stall
+            self.step_clock.saved(time.perf_counter() - started)
 
     def load_checkpoint(self, default=None, *, into=None):
         """The latest checkpoint of this run, or ``default`` when there is none.

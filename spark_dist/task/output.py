@@ -119,7 +119,6 @@ class StreamReader(threading.Thread):
         self.fd, self.stream, self.lines, self.forward = fd, stream, lines, forward
         self.tail_bytes = tail_bytes
         self.tail = bytearray()
-        self.total = 0  # bytes read so far (the tail itself is trimmed)
         self._partial = b""
 
     def run(self):
@@ -130,7 +129,6 @@ class StreamReader(threading.Thread):
                 break
             if not data:
                 break
-            self.total += len(data)
             if self.tail_bytes:
                 self.tail += data
                 del self.tail[:-self.tail_bytes]
@@ -166,12 +164,6 @@ class StreamReader(threading.Thread):
 
     def text(self) -> str:
         return self.tail.decode("utf-8", "replace")
-
-    def since(self, total: int) -> str:
-        """What arrived after ``total`` bytes had been read (as much as the tail still holds)."""
-        new = self.total - total
-        return bytes(self.tail[-new:]).decode("utf-8", "replace") if new > 0 else ""
-
 
 class Publisher:
     """Appends a rank's lines to the run's ``output`` log, a chunk at a time while the store has room for

@@ -21,9 +21,12 @@ from ..wire.protocol import INPUT_STATS_KEY, PROGRESS, REPORTS, RESIZE, Job, Lau
 from ..wire.ranks import RankInfo
 from ..wire.sealed_store import SealedStore, join_store
 from ..wire.store_log import StoreLog
-from . import deepspeed_args
+from . import deepspeed_args, flight_recorder, steps
 from ..host.tempdirs import write_private
 from .warm_imports import IMPORTED_DYNAMO
+
+
+STACK_FILE = "stack.txt"  # in the rank's work directory: where its Python stack goes when its supervisor asks
 
 
 def join_run_store(spec: LaunchSpec) -> SealedStore:
@@ -73,29 +76,38 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         install_as_horovod(force=True)
     teardown.keep_process_groups_until_exit()  # a rank that frees its DDP model could hang at exit otherwise
     faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor asks for it on a timeout
+    # The supervisor asks for the stack (on a timeout, a stall) and reads it from a file of its own, so that the
+    # dump never shows among the lines the rank printed. Appending: the supervisor empties it before it asks.
+    stack_file = open(os.path.join(workdir, STACK_FILE), "a")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     if spec.collective_timeout:
         _set_collective_timeout(spec.collective_timeout)
+    if spec.use_gpu:  # NCCL's Flight Recorder: its dump goes with a stall's diagnosis
+        flight_recorder.start(workdir)
     reporter = _Reporter(spec, rank.rank)
+    clock = steps.StepClock(os.path.join(workdir, steps.CLOCK_FILE))
+    clock.time_group_setup()
     ctx = context.TrainContext(
         rank=rank.rank, local_rank=rank.local_rank, world_size=rank.world_size,
         local_world_size=rank.local_world_size, node_rank=rank.node_rank, attempt=spec.attempt,
         run_id=spec.run_id, host=rank.host, use_gpu=spec.use_gpu, gpus=rank.gpus, checkpoint_dir=spec.checkpoint_dir,
         datasets=dict(spec.datasets), _reporter=reporter,
         initial_world_size=spec.initial_world_size or rank.world_size, previous_world_size=spec.previous_world_size,
-        _watch_resize=spec.watch_resize,
+        _watch_resize=spec.watch_resize, step_clock=clock,
     )
     context._set_context(ctx)
     teardown.before_destroy(ctx.wait_for_checkpoints)
     try:
         job: Job = deepspeed_args.prepare(cloudpickle.loads(spec.job_bytes), ctx, workdir)
+        clock.function_started()
         if job.script_path is not None:
             _run_script(job, workdir)
             result = None
         else:
             started = time.perf_counter()
             result = job.fn(*job.args, **job.kwargs)
-            _report_input_wait(ctx, reporter, time.perf_counter() - started)
+            _report_steps(ctx, reporter, time.perf_counter() - started)
+        clock.function_ended()
         ctx.wait_for_checkpoints()  # an asynchronous save in flight belongs to the run that returned
         from .result import encode_result
 
@@ -136,13 +148,18 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
                 pass  # only a hint
 
 
-def _report_input_wait(ctx, reporter, seconds: float) -> None:
-    """Tell the driver how long this rank waited for data, so a user sees when input is the bottleneck."""
+def _report_steps(ctx, reporter, seconds: float) -> None:
+    """Tell the driver how long this rank waited for data, so a user sees when input is the bottleneck, and how
+    its steps took their time (:meth:`spark_dist.task.steps.StepClock.summary`), which names a straggler."""
+    timed = ctx.step_clock.summary() if ctx.step_clock is not None else {}
+    if not ctx.loaders and not timed:
+        return
+    record = {INPUT_STATS_KEY: True, "rank": ctx.rank, "host": ctx.host, "time": time.time(),
+              "train_seconds": round(seconds, 3), **timed}
     if ctx.loaders:
-        waited = sum(loader.wait_seconds for loader in ctx.loaders)
-        reporter({INPUT_STATS_KEY: True, "rank": ctx.rank, "time": time.time(),
-                  "input_wait_seconds": round(waited, 3), "train_seconds": round(seconds, 3),
-                  "batches": sum(loader.batches for loader in ctx.loaders)})
+        record.update(input_wait_seconds=round(sum(loader.wait_seconds for loader in ctx.loaders), 3),
+                      batches=sum(loader.batches for loader in ctx.loaders))
+    reporter(record)
 
 
 def _set_collective_timeout(seconds: float) -> None:

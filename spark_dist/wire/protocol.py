@@ -20,9 +20,14 @@ key                         written by             holds
 ``progress``                rank 0                 ``(epoch, step, steps, steps_per_second)`` of its loader,
                                                    overwritten: the driver's bar shows the latest
 ``stack/<rank>``            a supervisor           the rank's Python stack, dumped when the run timed out
-``beat/<rank>``             a supervisor           its next number (1, 2, ...) every second: only a number
-                                                   above the last one read counts as a sign of life
-``ended/<rank>``            a supervisor           ``True`` once the rank has ended
+``beat/<rank>``             a supervisor           ``(beat, steps)`` every second: its next number (1, 2, ...),
+                                                   only one above the last read counting as a sign of life,
+                                                   and the rank's step count (spark_dist.task.steps)
+``stacks``                  the driver             a stall's number (1, 2, ...): every supervisor dumps its
+                                                   rank's stack into ``stall_stack/<rank>`` for it
+``stall_stack/<rank>``      a supervisor           ``(stall number, the rank's Python stack)``
+``clock/<rank>``            a supervisor           the rank's clock as it ended (spark_dist.task.steps.FIELDS)
+``ended/<rank>``            a supervisor           ``True`` once the rank has ended (after ``clock/<rank>``)
 ``succeeded``               the driver             ``True`` once every rank has ended without a failure,
                                                    ``False`` once the run failed or was aborted
 ``resize``                  the driver             why the run should stop at its next checkpoint and go on
@@ -57,6 +62,7 @@ FAILURES = "failures"
 PROGRESS = "progress"
 RUN_SUCCEEDED = "succeeded"
 RESIZE = "resize"
+STACKS_WANTED = "stacks"
 REPORT_KEYS = ("rank", "attempt", "time")  # what every ``reports`` record carries besides the user's metrics
 LOG_KEY = "_log"  # a ``reports`` record holding a log_to_driver message, not metrics
 INPUT_STATS_KEY = "_input_stats"  # a ``reports`` record holding a rank's input statistics, not metrics
@@ -85,6 +91,14 @@ def beat_key(rank: int) -> str:
     return f"beat/{rank}"
 
 
+def clock_key(rank: int) -> str:
+    return f"clock/{rank}"
+
+
+def stall_stack_key(rank: int) -> str:
+    return f"stall_stack/{rank}"
+
+
 class Abort(str, enum.Enum):
     """Why a run was aborted (the value of the ``abort`` key). A supervisor dumps its rank's stack before
     killing it only on :attr:`TIMEOUT`."""
@@ -94,6 +108,7 @@ class Abort(str, enum.Enum):
     HOST_LOST = "host lost"
     RANK_FAILED = "a rank failed"
     JOB_FAILED = "the Spark job failed"
+    STALLED = "stalled"  # spark.dist.stallAction=fail: the diagnosis (with every rank's stack) is the driver's
     CANCELLED = "cancelled on the driver"
 
 

@@ -66,7 +66,7 @@ def test_forged_or_replayed_beats_do_not_keep_a_silent_host_alive(coordinator):
     watch, counted, stranger, ours = coordinator
     watch.ranks = [RankInfo(r, r, 2, 2, 0, 1, "127.0.0.1") for r in range(2)]
     for rank in range(2):
-        ours.put(beat_key(rank), 1)  # each supervisor's first beat
+        ours.put(beat_key(rank), (1, 0))  # each supervisor's first beat, no step yet
     replayed = {rank: stranger.get(ours.key(beat_key(rank))) for rank in range(2)}
     now = 1000.0
     assert not watch._silent_hosts(now)

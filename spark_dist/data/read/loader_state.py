@@ -119,17 +119,30 @@ def windows_to_read(window_rows: List[int], batch_size: int, drop_last: bool, sk
 def counted(loader, epoch: int, batches: Iterable[Any], start: int, total: int) -> Iterator[Any]:
     """``batches``, the rest of ``epoch`` from batch ``start`` of ``total``, each counted into ``loader`` as it is
     yielded: ``loader.batches`` and ``loader.rows`` (summed over iterations), its place ``loader._at`` (see
-    :class:`Resumable`), then ``loader.on_progress(epoch, place, total)`` where one is set."""
+    :class:`Resumable`), then ``loader.on_progress(epoch, place, total)`` where one is set. Each batch is a step
+    of the rank's ``loader.step_clock`` where one is set (:class:`spark_dist.task.steps.StepClock`): the wait for
+    it, then the training loop's time with it until the loop asks for the next."""
     place = start
     loader._at = (epoch, place)
-    for batch in batches:
-        place += 1
-        loader.batches += 1
-        loader.rows += rows_of(batch)
-        loader._at = (epoch, place)
-        if loader.on_progress is not None:
-            loader.on_progress(epoch, place, total)
-        yield batch
+    clock = getattr(loader, "step_clock", None)
+    if clock is not None:
+        clock.asked()
+    try:
+        for batch in batches:
+            place += 1
+            loader.batches += 1
+            loader.rows += rows_of(batch)
+            loader._at = (epoch, place)
+            if loader.on_progress is not None:
+                loader.on_progress(epoch, place, total)
+            if clock is not None:
+                clock.came()
+            yield batch
+            if clock is not None:
+                clock.asked()
+    finally:
+        if clock is not None:
+            clock.stopped()
 
 
 def rows_of(batch: Any) -> int:
