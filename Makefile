@@ -14,7 +14,7 @@ env35:
 	@bash scripts/setup_env.sh 3.5
 
 demo:
-	@bash scripts/setup_env.sh $(SPARK_LINE)
+	@bash scripts/setup_env.sh $(SPARK_LINE) --no-horovod
 	$(call venv,$(SPARK_LINE))/bin/python -m spark_dist.cli.demo
 
 # Both lines run at once (scripts/test_lines.sh), each output line prefixed with its Spark line.
@@ -23,7 +23,7 @@ test:
 	@bash scripts/test_lines.sh $(LINES)
 
 BENCHES := launch connect data scaling steady horovod ml history recovery rendezvous images inference checkpoints \
-  elastic tune
+  elastic tune step_clock
 bench:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@for line in $(LINES); do for b in $(BENCHES); do \

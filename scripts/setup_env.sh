@@ -2,7 +2,10 @@
 # Builds the virtual environment of one Spark line with its pinned stack, Java and the Horovod wheel:
 #   scripts/setup_env.sh        the Spark 4 line (the default): .venv      from requirements/spark4.lock
 #   scripts/setup_env.sh 3.5    the Spark 3.5 line:             .venv-spark35 from requirements/spark35.lock
-# Idempotent: a stamp keyed by the lock file and these scripts skips the work when nothing changed.
+#   ... --no-horovod            without building Horovod itself (`make demo`): Horovod programs run on
+#                               spark_dist.horovod, which needs no build; a later set-up without it adds Horovod
+# Idempotent: stamps keyed by the lock file and these scripts skip the work when nothing changed (one for the
+# environment, one for the Horovod wheel in it).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -13,7 +16,9 @@ case "$line" in
   *) echo "setup: unknown Spark line '$line' (choose 4 or 3.5)" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
+horovod=1; [ "${2:-}" = "--no-horovod" ] && horovod=0
 stamp="$venv/.spark_dist_stamp"
+horovod_stamp="$venv/.horovod_stamp"
 want=$(cat "$lock" scripts/setup_env.sh scripts/build_horovod.sh setup.py | sha256sum | cut -c1-16)
 
 apt_install() {
@@ -34,10 +39,14 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   echo "setup: installing Java 17 (openjdk-17-jre-headless)"
   apt_install openjdk-17-jre-headless
 fi
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+stamped() { [ -f "$1" ] && [ "$(cat "$1")" = "$want" ]; }
+if stamped "$stamp" && { [ "$horovod" = 0 ] || stamped "$horovod_stamp"; }; then
   exit 0
 fi
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 
+if ! stamped "$stamp"; then
+rm -f "$horovod_stamp"
 echo "setup: building $(basename "$venv") (Spark $line line, $lock)"
 if [ ! -x "$venv/bin/python" ] && ! "$PY" -m venv "$venv"; then
   echo "setup: '$PY -m venv' failed; installing python3-venv" >&2
@@ -45,7 +54,6 @@ if [ ! -x "$venv/bin/python" ] && ! "$PY" -m venv "$venv"; then
   apt_install python3-venv
   "$PY" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" -r "$lock"
 "${pip[@]}" --no-deps -e .
 
@@ -61,14 +69,17 @@ builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
 if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
     builder.load(verbose=False)
 PY
+echo "$want" > "$stamp"
+fi
 
-# Horovod: built once per (horovod, torch, python) and cached outside the repository; both lines share
-# the wheel when they share torch and Python.
+# Horovod itself, beside spark_dist.horovod (the suite runs both): built once per (horovod, torch, python) and
+# cached outside the repository; both lines share the wheel when they share torch and Python.
+[ "$horovod" = 1 ] || exit 0
 if wheel=$(bash scripts/build_horovod.sh "$venv/bin/python"); then
   "${pip[@]}" --no-deps "$wheel"
-  echo "$want" > "$stamp"
+  echo "$want" > "$horovod_stamp"
 else
   # No stamp: the next set-up tries the build again (it fails fast while g++ or cmake is missing).
-  echo "setup: WARNING: the Horovod wheel could not be built; backend='horovod' will be unavailable," >&2
-  echo "setup: everything else works. Install a C++ compiler (g++) and cmake (>= 3.13, < 4), then re-run." >&2
+  echo "setup: WARNING: the Horovod wheel could not be built; Horovod programs run on spark_dist.horovod" >&2
+  echo "setup: instead. To build it, install a C++ compiler (g++) and cmake (>= 3.13, < 4), then re-run." >&2
 fi
