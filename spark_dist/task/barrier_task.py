@@ -38,6 +38,9 @@ from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
 HEARTBEAT_S = 1.0  # each rank's supervisor writes its next sealed beat/<rank> number this often
+# How often a supervisor looks for the run's abort: the driver's store serves ranks / ABORT_POLL_S of these
+# a second (bench/bench_driver_scale.py), and a failed rank's peers stop within it.
+ABORT_POLL_S = 0.2
 STDERR_TAIL_BYTES = 16 << 10
 
 
@@ -224,7 +227,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     waiter.start()
     aborted = False
     poll = 0.005
-    next_beat, beats, stacks_sent = 0.0, 0, 0
+    next_beat, beats, stacks_sent, next_abort = 0.0, 0, 0, 0.0
     clock = steps.ClockReader(os.path.join(workdir, steps.CLOCK_FILE))
     stack_path = os.path.join(workdir, STACK_FILE)
     try:
@@ -246,7 +249,10 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
                     store.put(stall_stack_key(rank.rank), (wanted, stack, trace))
             if publisher is not None:
                 publisher.publish()
-            abort = store.lookup(ABORT) if waiter.is_alive() else None
+            abort = None
+            if waiter.is_alive() and time.monotonic() >= next_abort:
+                next_abort = time.monotonic() + ABORT_POLL_S
+                abort = store.lookup(ABORT)
             if abort is not None:
                 aborted = True
                 if abort == Abort.TIMEOUT:
