@@ -8,7 +8,8 @@ On a 2-worker standalone cluster (1 core each, loopback only; tests/clusters.py 
      spark_dist ``Distributor(2, backend="horovod")`` vs ``horovod.spark.run(fn, num_proc=2)``: the first
      run, then the median of ``--warm`` runs. Each launcher gets its own fresh application (new executors,
      one warm-up barrier job), so neither inherits Python workers the other warmed.
-  2. All-reduce bandwidth of a ``--mb`` MB float32 tensor on 2 ranks, both via spark_dist: Horovod vs DDP
+  2. All-reduce bandwidth of a ``--mb`` MB float32 tensor on 2 ranks, all via spark_dist: Horovod, its API on
+     torch.distributed (``spark_dist.horovod``: goal >= Horovod's, issue #58) and DDP
      over gloo. Median time of ``--iters`` all-reduces (after one untimed), as MB/s (MB = 10^6 bytes).
 
 Horovod's own services bind every interface (``find_port`` binds ``''``). For this script they are kept
@@ -163,6 +164,7 @@ def main():
 
     from clusters import STANDALONE, SparkManager
     from spark_dist import Distributor
+    from spark_dist.config import CONF_HOROVOD_IMPL
 
     watch = ListenerWatch() if args.watch_listeners else None
     if watch:
@@ -177,11 +179,22 @@ def main():
             results["cluster_start_s"] = time.perf_counter() - t0
             results["spark_dist_horovod"] = launch_figures(
                 lambda: Distributor(2, backend="horovod", verbose=False).run(trivial_hvd), args.warm)
-            for name, fn, backend in (("horovod", bandwidth_hvd, "horovod"), ("ddp_gloo", bandwidth_ddp, "ddp")):
-                times = Distributor(2, backend=backend, verbose=False).run(fn, args.mb, args.iters)
+            spark = manager.get(STANDALONE)
+            for name, fn, backend, impl in (("horovod", bandwidth_hvd, "horovod", "horovod"),
+                                            ("horovod_torch", bandwidth_hvd, "horovod", "torch"),
+                                            ("ddp_gloo", bandwidth_ddp, "ddp", None)):
+                if impl is not None:  # Horovod itself, or its API on torch.distributed (spark_dist.horovod)
+                    spark.conf.set(CONF_HOROVOD_IMPL, impl)
+                try:
+                    times = Distributor(2, backend=backend, verbose=False).run(fn, args.mb, args.iters)
+                finally:
+                    spark.conf.unset(CONF_HOROVOD_IMPL)
                 median = statistics.median(times)
                 results[f"allreduce_{name}"] = {"mb": args.mb, "median_s": median, "times_s": times,
                                                 "mb_per_s": args.mb / median}
+            # Issue #58: spark_dist.horovod's bandwidth at least Horovod's own.
+            results["allreduce_torch_vs_horovod"] = (results["allreduce_horovod_torch"]["mb_per_s"]
+                                                     / results["allreduce_horovod"]["mb_per_s"])
 
             manager.stop()  # a fresh application for horovod.spark.run: cold executors, one warm-up job
             manager.get(STANDALONE)
@@ -213,7 +226,8 @@ def main():
     print(f"\nAll-reduce of a {args.mb:g} MB float32 tensor, 2 ranks, via spark_dist (median of {args.iters})\n")
     print("| backend | time per all-reduce | bandwidth |")
     print("|---|---|---|")
-    for label, key in (("Horovod (gloo)", "allreduce_horovod"), ("DDP (gloo)", "allreduce_ddp_gloo")):
+    for label, key in (("Horovod (gloo)", "allreduce_horovod"), ("spark_dist.horovod", "allreduce_horovod_torch"),
+                       ("DDP (gloo)", "allreduce_ddp_gloo")):
         r = results[key]
         print(f"| {label} | {r['median_s'] * 1000:.0f} ms | {r['mb_per_s']:.0f} MB/s |")
     print(f"\nload average before {load_before[0]:.1f}, after {results['environment']['load_after'][0]:.1f} "
