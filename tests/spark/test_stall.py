@@ -52,6 +52,8 @@ def stall_conf(spark_local):
         spark_local.conf.unset(key)
 
 
+@pytest.mark.skipif(not __import__("pyspark").__version__.startswith("3.5"),
+                    reason="local mode, no Spark job: the 3.5 line's suite runs it")
 def test_a_rank_blocked_before_an_all_reduce_is_named_with_its_line_and_the_run_goes_on(
         stall_conf, tmp_path, capsys):
     d = Distributor(num_processes=4, local_mode=True, log_ranks="none")

@@ -7,7 +7,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 from bench_driver_scale import FLOORS, linear_checks, simulate  # noqa: E402
 from spark_dist.task.barrier_task import ABORT_POLL_S  # noqa: E402
 
+import pyspark  # noqa: E402
+import pytest  # noqa: E402
+
 RANKS, SECONDS = 8, 3.0
+# No Spark and no torch in it: the 3.5 line's suite runs it.
+pytestmark = pytest.mark.skipif(not pyspark.__version__.startswith("3.5"), reason="run on the 3.5 line's suite")
 
 
 def test_a_short_run_of_a_few_ranks_delivers_everything_and_measures_the_driver():

@@ -1,6 +1,12 @@
 """A run's time split into parts that add up to its wall time, attempt by attempt (spark_dist.driver.goodput),
 from what the driver noted and the ranks' clocks; no JVM. A real run's split: tests/spark/test_goodput.py."""
+import pyspark
+import pytest
+
 from spark_dist.driver.goodput import PARTS, AttemptTimes, line, recovery_seconds, split, totals
+
+# A local-mode run touches no Spark: the 3.5 line's suite runs it (the same torch on both lines).
+ONE_LINE = pytest.mark.skipif(not pyspark.__version__.startswith("3.5"), reason="run on the 3.5 line's suite")
 
 
 def clock(start, group, first_step, data, stall, end=0.0, last_checkpoint=0.0, data_then=0.0, stall_then=0.0):
@@ -63,10 +69,10 @@ def fails_once_after_a_checkpoint(steps=20, crash_at=14):
     return ctx.attempt
 
 
+@ONE_LINE
 def test_a_real_runs_parts_add_up_to_its_wall_time_and_name_the_work_lost_to_its_failure(tmp_path):
     import time
 
-    pytest = __import__("pytest")
     pytest.importorskip("torch")
     from spark_dist import Distributor
 
