@@ -30,15 +30,18 @@ bench:
 	  $(MAKE) --no-print-directory bench-$$b SPARK_LINE=$$line || exit 1; done; done
 	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md
 
-# The fault campaign, long: FAULTS faults drawn from SEED on each line (tests/chaos, bench/bench_chaos.py); its
-# figures go to bench/results/chaos-spark<line>.json and BENCHMARKS.md. A violation prints the seed to rerun.
+# The fault campaign, long: FAULTS faults drawn from SEED on each line (tests/chaos, bench/bench_chaos.py), on
+# local[2] or (CLUSTER=standalone) a standalone cluster of two workers it starts; its figures go to
+# bench/results/chaos[-standalone]-spark<line>.json and BENCHMARKS.md. A violation prints the seed to rerun.
 SEED ?= 1
 FAULTS ?= 200
+CLUSTER ?= local
 soak:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
-	@rc=0; for line in $(LINES); do venv=.venv; [ "$$line" = 3.5 ] && venv=.venv-spark35; \
-	  $$venv/bin/python bench/bench_chaos.py --seed $(SEED) --faults $(FAULTS) \
-	    --out bench/results/chaos-spark$$line.json || rc=1; done; \
+	@rc=0; suffix=$$([ "$(CLUSTER)" = standalone ] && echo -standalone); \
+	for line in $(LINES); do venv=.venv; [ "$$line" = 3.5 ] && venv=.venv-spark35; \
+	  $$venv/bin/python bench/bench_chaos.py --seed $(SEED) --faults $(FAULTS) --cluster $(CLUSTER) \
+	    --out bench/results/chaos$$suffix-spark$$line.json || rc=1; done; \
 	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md; exit $$rc
 
 # Horovod 0.28.1's own test_torch.py and PyTorch examples against spark_dist.horovod and Horovod itself (a

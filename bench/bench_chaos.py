@@ -4,17 +4,28 @@ uses them), then the figures BENCHMARKS.md shows: runs, faults by kind, runs tha
 invariants broken (each with the seed and the fault that reproduce it), the seconds from a fault to the next
 training step (p50, p95) beside a fault-free run's time, and the campaign's goodput: a fault-free run's time for
 each run that succeeded, over the wall time of all runs. Exits 1 when an invariant was broken.
+
+``--cluster standalone``: the standalone kinds instead (an executor JVM killed, a worker decommissioned, and the
+elastic workload with its executor killed; tests/chaos/faults.py), on a standalone cluster of two workers of one
+core that this script starts itself, as tests/clusters.py starts the suite's (``StandaloneCluster``: loopback
+only, decommission on in the workers' and the app's conf), and stops at the end with every process it started,
+which it then checks (processes carrying this run's marker, as the suite's leak check finds them). Its figures
+add, per kind, the seconds until the cluster was whole again after a run (p50, p95), and its runs use the suite's
+standalone workload length (``--epochs``, ``--step-s``).
 """
 import argparse
 import os
 import statistics
 import sys
 import tempfile
+import uuid
 
 from _cluster import save  # sets the loopback address and puts tests/ on the path
 
-from chaos import faults  # noqa: E402 -- from tests/
+from chaos import faults, workload  # noqa: E402 -- from tests/
 from chaos.campaign import Campaign, schedule  # noqa: E402
+
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 
 
 def percentile(values, q):
@@ -24,22 +35,27 @@ def percentile(values, q):
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
-def figures(campaign, final):
+def figures(campaign, final, cluster="local"):
     by_kind = {}
     for r in campaign.records:
-        k = by_kind.setdefault(r.fault.kind, {"drawn": 0, "fired": 0, "documented": 0, "recovery": []})
+        k = by_kind.setdefault(r.fault.label, {"drawn": 0, "fired": 0, "documented": 0, "recovery": [],
+                                               "whole": []})
         k["drawn"] += 1
         k["fired"] += r.fault.fired_at is not None
         k["documented"] += not r.violations
         if r.recovery is not None:
             k["recovery"].append(r.recovery)
+        if r.whole_after is not None:
+            k["whole"].append(r.whole_after)
     for k in by_kind.values():
-        recovery = k.pop("recovery")
+        recovery, whole = k.pop("recovery"), k.pop("whole")
         k["recovery_p50"], k["recovery_p95"] = percentile(recovery, 0.5), percentile(recovery, 0.95)
+        if cluster != "local":
+            k["whole_again_p50"], k["whole_again_p95"] = percentile(whole, 0.5), percentile(whole, 0.95)
     runs = len(campaign.records)
     succeeded = [r for r in campaign.records if r.ending.startswith("success")]
     wall = sum(r.wall for r in campaign.records)
-    return {
+    result = {
         "seed": campaign.seed, "runs": runs, "fault_free_seconds": round(campaign.base, 2),
         "fired": sum(k["fired"] for k in by_kind.values()),
         "documented_percent": round(100.0 * sum(not r.violations for r in campaign.records) / max(runs, 1), 1),
@@ -50,35 +66,117 @@ def figures(campaign, final):
         "rss_start_mib": round(campaign.rss_start / 2**20, 1),
         "rss_mib": [r.rss_mib for r in campaign.records[max(runs // 10, 1) - 1::max(runs // 10, 1)]],
     }
+    if cluster != "local":
+        result.update(cluster=cluster, epochs=campaign.epochs, step_seconds=campaign.step_s,
+                      endings={e: sum(r.ending == e for r in campaign.records)
+                               for e in sorted({r.ending for r in campaign.records})})
+    return result
+
+
+def session_conf(master):
+    """The soak's session: loopback only, no UI; on the standalone cluster as the suite's (tests/clusters.py's
+    TEST_CONF and its standalone conf: decommission on, so that a decommissioned executor exits)."""
+    conf = {"spark.master": master, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    if master != "local[2]":
+        from clusters import TEST_CONF
+
+        conf.update(TEST_CONF)
+        conf.update({"spark.master": master, "spark.decommission.enabled": "true"})
+    return conf
+
+
+def start_session(master, app_name):
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in session_conf(master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def soak(spark, args, kinds, elastic_kinds=(), cluster=None):
+    """The campaign's runs, printed as they end; ``(campaign, final violations)``."""
+    extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
+    with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
+        campaign = Campaign(spark, root, args.seed, **extra)
+        for index, fault in enumerate(schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds)):
+            record = campaign.run(index, fault)
+            whole = "" if record.whole_after is None else f", whole again after {record.whole_after}s"
+            print(f"[soak] {index + 1}/{args.faults} {fault.describe()}: {record.ending} in {record.wall}s{whole}"
+                  + (f"\n[soak]   fault: {fault.note}" if fault.note and cluster is not None else "")
+                  + "".join(f"\n[soak]   {e}" for e in record.events)
+                  + "".join(f"\n[soak]   VIOLATION: {v}" for v in record.violations), flush=True)
+        return campaign, campaign.finish()
+
+
+def run_local(args):
+    kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
+    spark = start_session("local[2]", "spark_dist soak")
+    try:
+        return soak(spark, args, kinds)
+    finally:
+        spark.stop()
+
+
+def run_standalone(args):
+    """The standalone kinds on a cluster of this script's own, stopped at the end; its leftover processes (none
+    expected) are killed and listed as violations."""
+    from clusters import SESSION_MARKER, StandaloneCluster, describe, install_gpu_script, stop_gateway, \
+        wait_for_no_leaks
+
+    # Before any JVM starts: executors' Python workers import tests/chaos (the workload's function is pickled by
+    # reference), and every process started from here carries a marker the leak check finds.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, os.environ.get("PYTHONPATH", "")] if p)
+    marker = os.environ[SESSION_MARKER] = f"soak-{uuid.uuid4().hex}"
+    leaks, result = [], None
+    with tempfile.TemporaryDirectory(prefix="spark_dist-soak-cluster-") as tmp:
+        cluster = StandaloneCluster(tmp, install_gpu_script(tmp))
+        try:
+            cluster.start()
+            spark = start_session(cluster.master_url, "spark_dist soak (standalone)")
+            result = soak(spark, args, faults.STANDALONE_KINDS, faults.ELASTIC_KINDS, cluster)
+        finally:
+            try:
+                stop_gateway()
+            finally:
+                cluster.stop()
+                leaks = wait_for_no_leaks(marker)
+                for p in leaks:
+                    p.kill()
+    campaign, final = result
+    if leaks:
+        final = final + ["processes left after the cluster stopped (killed now):\n" + describe(leaks)]
+    return campaign, final
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=200)
+    parser.add_argument("--cluster", choices=("local", "standalone"), default="local",
+                        help="local[2] and the kinds any session runs (default), or a standalone cluster of two "
+                             "workers this script starts and stops, and the standalone kinds")
+    parser.add_argument("--epochs", type=int, default=workload.STANDALONE_EPOCHS,
+                        help="the workload's epochs (--cluster standalone; the suite's by default)")
+    parser.add_argument("--step-s", type=float, default=workload.STANDALONE_STEP_S,
+                        help="a training step's extra seconds (--cluster standalone; the suite's by default)")
     parser.add_argument("--out")
     args = parser.parse_args()
-    from pyspark.sql import SparkSession
-
-    kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
-    spark = (SparkSession.builder.master("local[2]").appName("spark_dist soak")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
-            campaign = Campaign(spark, root, args.seed)
-            for index, fault in enumerate(schedule(args.seed, args.faults, kinds)):
-                record = campaign.run(index, fault)
-                print(f"[soak] {index + 1}/{args.faults} {fault.describe()}: {record.ending} in {record.wall}s"
-                      + "".join(f"\n[soak]   VIOLATION: {v}" for v in record.violations), flush=True)
-            final = campaign.finish()
-    finally:
-        spark.stop()
-    result = figures(campaign, final)
+    if args.cluster == "standalone":
+        campaign, final = run_standalone(args)
+    else:
+        args.epochs, args.step_s = workload.EPOCHS, workload.STEP_S
+        campaign, final = run_local(args)
+    result = figures(campaign, final, args.cluster)
     save(args.out, result)
+    rerun = (f"bench/bench_chaos.py --cluster standalone --seed {args.seed} --faults {args.faults} --epochs "
+             f"{args.epochs} --step-s {args.step_s}" if args.cluster == "standalone"
+             else f"make soak SEED={args.seed} FAULTS={args.faults}")
     for line in result["violations"]:
-        print(f"[soak] {line}\n[soak]   reproduce: make soak SEED={args.seed} FAULTS={args.faults}", flush=True)
+        print(f"[soak] {line}\n[soak]   reproduce: {rerun}", flush=True)
     print(f"[soak] {result['runs']} runs, {result['fired']} faults fired, {result['documented_percent']}% ended as "
           f"documented, {len(result['violations'])} violations, goodput {result['goodput']}", flush=True)
     return 1 if result["violations"] else 0

@@ -141,14 +141,22 @@ class StandaloneCluster:
         return [w.pid for w in self.workers]
 
     def _spawn(self, name, args, extra_env=None, prefix=()):
-        """Start ``spark-class args`` (after ``prefix``, e.g. ``ip netns exec NS``) in its own group."""
+        """Start ``spark-class args`` (after ``prefix``, e.g. ``ip netns exec NS``) in its own group, with the
+        parent-death signal SIGTERM. Set by ``setpriv`` where it is installed (util-linux), not a ``preexec_fn``:
+        Python code run in the forked child (after CPython cleared its copies of the parent's other threads) lets
+        py4j's thread-local finalizers close those threads' gateway connections, and their ``close()`` shuts down
+        the socket the child shares with the parent: a driver between two py4j calls (a run waiting for a
+        replaced worker's slots) then fails its next one (``Py4JError``, connection reset; the fault campaign's
+        decommission found it)."""
         log = open(os.path.join(self.tmpdir, f"{name}.log"), "ab")
         env = {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1", **(extra_env or {})}
+        setpriv = shutil.which("setpriv")
         with log:
             return subprocess.Popen(
-                [*prefix, os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
+                [*([setpriv, "--pdeathsig", "TERM"] if setpriv else []), *prefix,
+                 os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=None if setpriv else _die_with_parent,
             )
 
     def _alive_workers(self):

@@ -196,7 +196,11 @@ class Distributor(RunView):
                 # The store on the driver (classic session, local mode) or in the first task (Connect).
                 running = Attempt(self, sized, backend, job_bytes, attempt, handles, checkpoint_dir, spark,
                                   remaining, Sizes(config.num_processes, previous_size))
-                outcome = running.run()
+                try:
+                    outcome = running.run()
+                except BaseException:  # Ctrl-C, a stopped trial: the attempt still took its time
+                    self._attempt_times.append(times_of(running, attempt, size, queued_at, None))
+                    raise
             self._attempt_times.append(times_of(running, attempt, size, queued_at, outcome))
             if outcome.failures is None:
                 import cloudpickle

@@ -39,7 +39,7 @@ class AttemptTimes:
 
     attempt: int
     world_size: int
-    ending: str  # "succeeded", "failed", "resized" or "timed out"
+    ending: str  # "succeeded", "failed", "resized", "timed out" or "interrupted" (Ctrl-C, a stopped trial)
     queued_at: float
     submitted_at: Optional[float]
     ended_at: float

@@ -104,8 +104,11 @@ class RunView:
 
 
 def times_of(running, attempt: int, size: int, queued_at: float, outcome) -> goodput.AttemptTimes:
-    """What the driver noted of an attempt that ended, for the run's time split."""
-    if outcome.failures is None:
+    """What the driver noted of an attempt that ended (``outcome`` None: interrupted), for the run's time
+    split."""
+    if outcome is None:
+        ending = "interrupted"
+    elif outcome.failures is None:
         ending = "succeeded"
     elif outcome.timed_out:
         ending = "timed out"

@@ -4,16 +4,25 @@ workload (tests/chaos/workload.py), and the invariants checked after every run:
 - it ends within a bound derived from its settings: a success, or the error the docs promise for the fault,
   naming the rank it hit;
 - a success holds the weights of a fault-free run, bit for bit, and every epoch of its lineage trained every
-  row exactly once;
+  row exactly once; an elastic run that went on below its size is held to its rows only (a step on fewer ranks
+  averages fewer rows: docs/elastic.md promises every row once across a resize, not the same weights);
+- a fault whose ending is a preemption (``Ending.preempted``) went on in a new attempt after the notice, none of
+  its attempts a retry; an attempt failed by a lost executor (``Ending.names_lost_rank``) is told on the driver
+  naming the rank that ran there;
 - the run's committed checkpoint is readable;
 - no rank process outlives its run; the next run gets the cluster at full size (the next run is the check; the
-  campaign ends with a fault-free one);
+  campaign ends with a fault-free one). On a standalone cluster it is also checked after each run: its master
+  and workers run, and the driver counts its two task slots again within :data:`FULL_SIZE_S`;
 - the driver's RSS grows by less than :data:`RSS_GROWTH_BOUND` over the whole campaign.
 
-A violation names the seed and the fault that reproduce it. Used by tests/chaos/test_campaign.py (a fixed seed,
-in the suite) and tests/chaos/soak.py (``make soak``: any seed, any length, figures for BENCHMARKS.md).
+A campaign runs on any session of two slots (``local[2]`` in the suite, with :data:`faults.KINDS`), or on the
+standalone cluster of two workers of tests/clusters.py (``cluster=`` its ``StandaloneCluster``), where it can also
+run :data:`faults.STANDALONE_KINDS` and the ``elastic`` workload (``min_processes=1``). A violation names the seed
+and the fault that reproduce it. Used by tests/chaos/test_campaign.py (a fixed seed, in the suite, on each) and
+bench/bench_chaos.py (``make soak``: any seed, any length, on ``local[2]`` or with ``--cluster standalone``;
+figures for BENCHMARKS.md).
 """
-import json
+import logging
 import os
 import random
 import subprocess
@@ -24,23 +33,38 @@ from typing import List, Optional
 
 import psutil
 
-from chaos import faults, workload
+from chaos import faults, invariants, workload
 from chaos.faults import Fault, Injector
 
 RSS_GROWTH_BOUND = 256 << 20
-RANKS, MAX_RETRIES = 2, 2
+RANKS, MAX_RETRIES = workload.RANKS, 2
+FULL_SIZE_S = 120.0  # after a run on a standalone cluster, its task slots are all back within this
+# A run's extra allowance where its fault takes a JVM away: the master's replacement executor to start (a fixed-size
+# retry waits for it), and for a decommission the executor to exit and a new worker and its executor to start.
+CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
 
 
-def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False) -> List[Fault]:
-    """``count`` faults drawn from ``seed``: kind (``each_once``: every kind of ``kinds`` once, in a drawn
+def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
+             elastic_kinds=()) -> List[Fault]:
+    """``count`` faults drawn from ``seed``: kind and workload (each of ``kinds`` against the ``ddp`` workload,
+    each of ``elastic_kinds`` against the ``elastic`` one; ``each_once``: every one of them once, in a drawn
     order, ``count`` ignored), target rank, when (a fraction of the training time after the target started),
-    and for a SIGSTOP that is continued, how long it holds."""
+    and for a SIGSTOP that is continued, how long it holds: a stopped rank's, or, for the elastic workload's
+    killed executor, its worker's (long enough that the retry starts on the slot left before the replacement
+    comes: the retry waits for the failed attempt's tasks to end and the slot count to stand still for 2 s).
+    Without ``elastic_kinds`` a seed draws what it always drew."""
     rng = random.Random(seed)
-    order = rng.sample(list(kinds), len(kinds)) if each_once else [rng.choice(kinds) for _ in range(count)]
+    draws = [("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
+    order = rng.sample(draws, len(draws)) if each_once else [rng.choice(draws) for _ in range(count)]
     drawn = []
-    for kind in order:
-        drawn.append(Fault(kind, rank=rng.randrange(RANKS), at=round(rng.uniform(0.05, 0.8), 2),
-                           hold=round(rng.uniform(0.5, 3.0), 1) if kind == "stop_rank" else 0.0))
+    for workload_name, kind in order:
+        rank, at = rng.randrange(RANKS), round(rng.uniform(0.05, 0.8), 2)
+        hold = 0.0
+        if kind == "stop_rank":
+            hold = round(rng.uniform(0.5, 3.0), 1)
+        elif workload_name == "elastic" and kind == "kill_executor":
+            hold = round(rng.uniform(5.0, 8.0), 1)
+        drawn.append(Fault(kind, rank=rank, at=at, hold=hold, workload=workload_name))
     return drawn
 
 
@@ -54,19 +78,28 @@ class RunRecord:
     recovery: Optional[float]  # seconds from the fault to the next training step, when there was one
     violations: List[str] = field(default_factory=list)
     rss_mib: float = 0.0  # the driver's resident memory after the run
+    events: List[str] = field(default_factory=list)  # the driver's resizes and preemptions, as its history has them
+    whole_after: Optional[float] = None  # on a standalone cluster: seconds after the run until it was whole again
 
 
 class Campaign:
-    """Runs faults against the workload on ``spark`` (``local[2]``, or any session with 2 slots), under ``root``
-    (a scratch directory the campaign owns)."""
+    """Runs faults against the workload on ``spark`` (``local[2]``, or any session with 2 slots; ``cluster``: the
+    ``StandaloneCluster`` it runs on, for the standalone kinds), under ``root`` (a scratch directory the campaign
+    owns). ``epochs`` and ``step_s``: the workload's length (tests/chaos/workload.py). ``warm_up``: a first
+    fault-free run that only warms the session's Python workers (torch imported), so that the second, which
+    the faults are measured against, times a warm run; without it (a short campaign) that one run is both, and
+    its time, a little longer, only loosens the bounds."""
 
-    def __init__(self, spark, root: str, seed: int):
-        self.spark, self.root, self.seed = spark, root, seed
+    def __init__(self, spark, root: str, seed: int, cluster=None, epochs: int = workload.EPOCHS,
+                 step_s: float = workload.STEP_S, warm_up: bool = True):
+        self.spark, self.root, self.seed, self.cluster = spark, root, seed, cluster
+        self.epochs, self.step_s, self.steps = epochs, step_s, workload.steps(epochs)
         self.df = workload.dataset(spark)
         self.records: List[RunRecord] = []
-        self._fault_free()  # the session's first run warms its Python workers: it times nothing
+        if warm_up:
+            self._fault_free()  # the session's first run warms its Python workers: it times nothing
         self.expected, self.base, self.span = self._fault_free()
-        # After two runs: the driver has imported what any run does (torch among it), once, which is no growth.
+        # After these runs the driver has imported what any run does (torch among it), once, which is no growth.
         self.rss_start = psutil.Process().memory_info().rss
 
     def _fault_free(self):
@@ -77,18 +110,22 @@ class Campaign:
         beacons = tempfile.mkdtemp(dir=self.root)
         started = time.monotonic()
         out = Distributor(num_processes=RANKS, verbose=False, log_ranks="none").run(
-            workload.train, beacons, datasets={"train": self.df})
+            workload.train, beacons, self.epochs, self.step_s, datasets={"train": self.df})
         wall = time.monotonic() - started
         with open(os.path.join(beacons, "steps")) as f:
             last = max(float(line.split()[3]) for line in f if line.strip())
         return out, wall, last - faults.beacon(beacons, 0)["time"]
 
     def bound(self, fault: Fault) -> float:
-        """How long a run with ``fault`` may take: every attempt as long as a fault-free run, its fault's own
-        delay and hold, and a minute of slack for the machine (a frozen rank's run ends at its timeout)."""
+        """How long a run with ``fault`` may take: every attempt as long as a fault-free run (one more where a
+        preemption or a grow adds an attempt that is no retry), its fault's own delay and hold, the cluster's
+        time to replace what the fault took (:data:`CLUSTER_S`), and a minute of slack for the machine (a frozen
+        rank's run ends at its timeout)."""
         if fault.kind == "freeze_rank":
             return self.timeout(fault) + 30
-        return self.base * (MAX_RETRIES + 1) * (2 if fault.ending().rerun else 1) + fault.delay + fault.hold + 60
+        attempts = MAX_RETRIES + 1 + (fault.workload == "elastic" or fault.ending().preempted)
+        return (self.base * attempts * (2 if fault.ending().rerun else 1) + fault.delay + fault.hold + 60
+                + CLUSTER_S.get(fault.kind, 0.0))
 
     def timeout(self, fault: Fault) -> float:
         """The run's ``timeout=``: a frozen rank must end it soon; any other hang ends at the bound."""
@@ -97,40 +134,77 @@ class Campaign:
     def run(self, index: int, fault: Fault) -> RunRecord:
         from spark_dist import Distributor
 
+        if fault.kind in faults.STANDALONE_KINDS and self.cluster is None:
+            raise ValueError(f"{fault.describe()} needs the standalone cluster: Campaign(..., cluster=)")
+        fault.steps = self.steps
         fault.delay = round(fault.at * self.span, 2)
         beacons = tempfile.mkdtemp(dir=self.root)
         ck_root, disk = self._checkpoint_root(index, fault)
         run_id = f"chaos-{self.seed}-{index}"
         run_dir = os.path.join(ck_root, run_id)
         d = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.timeout(fault), verbose=False,
-                        log_ranks="none", checkpoint_dir=ck_root, run_id=run_id)
-        injector = Injector(fault, beacons, run_dir, run_id, disk)
+                        log_ranks="none", checkpoint_dir=ck_root, run_id=run_id,
+                        min_processes=1 if fault.workload == "elastic" else None)
+        injector = Injector(fault, beacons, run_dir, run_id, disk, self.cluster)
         out, error, started = None, None, time.monotonic()
+        told = invariants.Told()  # what the driver logs as it retries: each failed attempt, named
+        logging.getLogger("spark_dist").addHandler(told)
         try:
             injector.start()
             try:
-                out = d.run(workload.train, beacons, datasets={"train": self.df})
+                out = d.run(workload.train, beacons, self.epochs, self.step_s, datasets={"train": self.df})
             finally:
+                first_wall = time.monotonic() - started
                 injector.finish()
+                logging.getLogger("spark_dist").removeHandler(told)
         except BaseException as exc:  # noqa: BLE001 -- the ending under test (KeyboardInterrupt included)
             error = exc
         if fault.ending().rerun and isinstance(error, KeyboardInterrupt):
             try:  # the same run_id again: it resumes from the interrupted one's checkpoint
                 out = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.bound(fault),
                                   verbose=False, log_ranks="none", checkpoint_dir=ck_root, run_id=run_id).run(
-                    workload.train, beacons, datasets={"train": self.df})
+                    workload.train, beacons, self.epochs, self.step_s, datasets={"train": self.df})
             except BaseException as exc:  # noqa: BLE001
                 error = exc
             else:
                 error = None
         wall = time.monotonic() - started
+        events = [r for r in d.history if r.get("event")]
         record = RunRecord(index, fault, _ending(out, error), round(wall, 2), round(self.bound(fault), 1),
-                           None if error is not None else _recovery(beacons, fault, out["attempt"]))
-        record.violations += self._check(fault, out, error, wall, run_dir, beacons)
+                           None if error is not None else invariants.recovery(beacons, fault, out["attempt"]),
+                           events=[f"{e['event']} to {e['world_size']} ranks at attempt {e['attempt']} "
+                                   f"({e['reason']})" for e in events])
+        record.violations += self._check(fault, out, error, wall, run_dir, beacons, events)
+        record.violations += invariants.time_accounted(d.goodput_rows, first_wall)
+        if fault.ending().names_lost_rank and fault.fired_at is not None:
+            record.violations += invariants.named_the_lost_rank(fault, told.messages)
+        record.violations += fault.problems
         self._release(fault, disk)
+        record.whole_after, whole = self._whole_again()
+        record.violations += whole
         record.rss_mib = round(psutil.Process().memory_info().rss / 2**20, 1)
         self.records.append(record)
         return record
+
+    def _whole_again(self):
+        """On a standalone cluster: ``(seconds until the driver counted all its task slots again, violations)``;
+        its master and workers must still run (else the next run would find a smaller cluster, or none)."""
+        if self.cluster is None:
+            return None, []
+        from spark_dist.spark import session
+
+        if not self.cluster.is_running():
+            return None, ["a JVM of the standalone cluster (its master or a worker) is gone after the run"]
+        started = time.monotonic()
+        while True:
+            slots = session.task_slots(self.spark)
+            waited = time.monotonic() - started
+            if slots >= RANKS:
+                return round(waited, 2), []
+            if waited > FULL_SIZE_S:
+                return None, [f"the cluster had {slots} task slots {FULL_SIZE_S:.0f}s after the run, not {RANKS}: "
+                              "the next run would not get it at full size"]
+            time.sleep(0.25)
 
     def _checkpoint_root(self, index: int, fault: Fault):
         path = os.path.join(self.root, f"ck-{index}")
@@ -142,11 +216,12 @@ class Campaign:
 
     def _release(self, fault: Fault, disk: Optional[str]) -> None:
         for pid in fault._stopped:  # the product should have ended a frozen rank; never leave one behind
-            _kill(pid)
+            invariants.kill(pid)
         if disk is not None:
             subprocess.run(["umount", disk], check=True)
 
-    def _check(self, fault: Fault, out, error, wall: float, run_dir: str, beacons: str) -> List[str]:
+    def _check(self, fault: Fault, out, error, wall: float, run_dir: str, beacons: str,
+               events: List[dict]) -> List[str]:
         found = []
         promised = fault.ending()
         if wall > self.bound(fault):
@@ -155,21 +230,26 @@ class Campaign:
             if fault.fired_at is not None and promised.error is not None and not promised.rerun \
                     and not promised.may_succeed:
                 found.append(f"succeeded where the docs promise {promised.error}")
-            found += _same_training(out, self.expected)
+            shrunk = [e for e in events if e["world_size"] < RANKS]
+            found += invariants.same_training(out, self.expected, self.epochs, weights=not shrunk)
+            if promised.preempted and fault.fired_at is not None:
+                found += invariants.went_on_after_a_preemption(out, events)
         elif fault.fired_at is None or type(error).__name__ != (promised.error or ""):
-            found.append(f"ended with {type(error).__name__}: {str(error)[:300]}")
+            found.append(f"ended with {type(error).__name__}: {str(error)[:300]}{invariants.raised_at(error)}")
         else:
-            found += _names_what_it_should(fault, error, promised)
-        found += _checkpoint_readable(run_dir, fault)
-        found += _no_rank_left(beacons, fault)
+            found += invariants.names_what_it_should(fault, error, promised)
+        found += invariants.checkpoint_readable(run_dir, fault)
+        found += invariants.no_rank_left(beacons, fault)
         return found
 
     def finish(self) -> List[str]:
         """The campaign's own invariants, after its last run: a fault-free run at full size, the driver's RSS."""
         found = []
+        found += [f"after the campaign: {v}" for v in self._whole_again()[1]]
         try:
             out, _, _ = self._fault_free()
-            found += [f"the run after the campaign: {v}" for v in _same_training(out, self.expected)]
+            found += [f"the run after the campaign: {v}"
+                      for v in invariants.same_training(out, self.expected, self.epochs)]
         except Exception as exc:  # noqa: BLE001
             found.append(f"the run after the campaign failed: {type(exc).__name__}: {exc}")
         growth = psutil.Process().memory_info().rss - self.rss_start
@@ -186,81 +266,3 @@ def _ending(out, error) -> str:
     if error is not None:
         return type(error).__name__
     return f"success (attempt {out['attempt']})"
-
-
-def _same_training(out, expected) -> List[str]:
-    found = []
-    for name, tensor in expected["weights"].items():
-        if not tensor.equal(out["weights"][name]):
-            found.append(f"weights {name} differ from the fault-free run's")
-    for epoch in range(workload.EPOCHS):
-        ids = sorted(out["lineage"].get(epoch, []))
-        if ids != list(range(workload.ROWS)):
-            found.append(f"epoch {epoch} trained {len(ids)} rows ({len(set(ids))} distinct), not each of "
-                         f"{workload.ROWS} once")
-    return found
-
-
-def _names_what_it_should(fault: Fault, error, promised) -> List[str]:
-    found = []
-    if promised.rank_named is not None and getattr(error, "rank", None) != promised.rank_named:
-        found.append(f"names rank {getattr(error, 'rank', None)}, not rank {promised.rank_named}: {error}")
-    cause = getattr(error, "cause", None)
-    if promised.cause is not None and type(cause).__name__ != promised.cause:
-        found.append(f"its rank's error is {type(cause).__name__}, not {promised.cause}: {str(error)[:300]}")
-    if fault.kind == "full_disk" and "disk full" not in str(error):
-        found.append(f"a full disk is not told in words: {str(error)[:300]}")
-    return found
-
-
-def _checkpoint_readable(run_dir: str, fault: Fault) -> List[str]:
-    path = os.path.join(run_dir, faults.CHECKPOINT_FILE)
-    if not os.path.exists(path):
-        return []
-    import torch
-
-    try:
-        torch.load(path, weights_only=False)
-    except Exception as exc:  # noqa: BLE001
-        if fault.kind != "truncate_checkpoint":  # the fault's own damage, when nothing saved after it
-            return [f"its committed checkpoint {path} cannot be read: {type(exc).__name__}: {exc}"]
-    return []
-
-
-def _no_rank_left(beacons: str, fault: Fault) -> List[str]:
-    found = []
-    for name in os.listdir(beacons):
-        if name.endswith(".json"):
-            with open(os.path.join(beacons, name)) as f:
-                pid = json.load(f)["pid"]
-            if _alive(pid):
-                found.append(f"rank process {pid} ({name}) outlived its run")
-                _kill(pid)
-    return found
-
-
-def _recovery(beacons: str, fault: Fault, final_attempt: int) -> Optional[float]:
-    """Seconds from the fault to training again: to the first step of the attempt that finished the run, when
-    the fault cost an attempt; else to the second step rank 0 finished after it (the first may have been in
-    flight when the fault hit)."""
-    if fault.fired_at is None or not os.path.exists(os.path.join(beacons, "steps")):
-        return None
-    with open(os.path.join(beacons, "steps")) as f:
-        steps = [(int(a), float(t)) for a, _, _, t in (line.split() for line in f if line.strip())]
-    after = sorted(t for a, t in steps if t > fault.fired_at and (a == final_attempt or not final_attempt))
-    needed = 0 if final_attempt else 1
-    return round(after[needed] - fault.fired_at, 3) if len(after) > needed else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, 9)
-    except ProcessLookupError:
-        pass

@@ -1,8 +1,29 @@
 """The faults the campaign injects into a running workload, each from a seeded draw: its target (a rank) and
 its moment (a training step of the run's first attempt, as a fraction of all its steps: a moment in the
-training however fast the machine runs it), the kind from :data:`KINDS`. A fault waits for its target's beacon
-and rank 0's step (tests/chaos/workload.py), acts, and records when it acted; a run that ended first leaves it
-unfired. Each kind also says which ending the docs promise for it (:class:`Ending`)."""
+training however fast the machine runs it), the kind from :data:`KINDS` (on any session of two slots: the suite
+runs them on ``local[2]``) or :data:`STANDALONE_KINDS` (on the standalone cluster of two workers of
+tests/clusters.py, whose ``StandaloneCluster`` the injector is given), and the workload it hits (``ddp``, or
+``elastic``: the same run with ``min_processes=1``). A fault waits for its target's beacon and rank 0's step
+(tests/chaos/workload.py), acts, and records when it acted; a run that ended first leaves it unfired. Each kind
+also says which ending the docs promise for it (:class:`Ending`).
+
+The standalone kinds, and what they do to the cluster:
+
+- ``kill_executor``: SIGKILL to the executor JVM under the target rank (the ``java`` process running
+  ``CoarseGrainedExecutorBackend`` above the rank's Python worker); the standalone master starts a replacement
+  on the same worker, so the cluster comes back to its size by itself. With a ``hold`` (the elastic workload's
+  draws) the worker is also stopped (SIGSTOP) for that long from just before the kill, so that the replacement
+  comes only after the retry started on the slot left (a machine away for a while): an elastic run shrinks, then
+  grows back. Without one, a replacement executor that registers within the retry's wait for the failed
+  attempt's tasks (seconds) gives the retry its full size, and the elastic run never resizes;
+- ``decommission_worker``: SIGPWR to the standalone worker under the target rank, what
+  ``sbin/decommission-worker.sh`` sends (as tests/spark/test_elastic_runs.py and test_lanes_runs.py do); once
+  its executor has exited (after the run left it) the worker is replaced by a new one
+  (``StandaloneCluster.replace_worker``: the machine coming back, forked without Python code in
+  the child, which would break this driver's py4j connections), so the next run finds the cluster whole. Just
+  before the signal, it tells the ranks to hold their training until they heard the notice (the workload's
+  ``hold-for-notice``, up to :data:`NOTICE_S`): the notice then always lands mid-training, however short the run.
+"""
 import json
 import os
 import signal
@@ -12,7 +33,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from chaos.workload import STEPS
+import psutil
+
+from chaos.workload import HOLD_FOR_NOTICE, STEPS
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -23,12 +46,18 @@ class Ending:
     run, else the error's class name, with the rank it must name (None: any) and the class of the rank's own
     exception (``cause``); ``rerun``: the same run_id run again then succeeds with the fault-free weights;
     ``may_succeed``: the fault may hit nothing the run still needs (a disk filled after the last save, a
-    damaged checkpoint with a whole one before it), and then the run succeeds with the same weights."""
+    damaged checkpoint with a whole one before it), and then the run succeeds with the same weights;
+    ``preempted``: a run that needed more than one attempt went on after a preemption notice (a ``"preempted"``
+    event in the driver's history), not by a retry (docs/elastic.md: such a restart is no retry);
+    ``names_lost_rank``: the attempt the fault failed names the target rank as it is retried (docs/how_a_run_works.md:
+    a lost Spark task names its rank; the driver's warning "attempt 0 of run ... failed (rank N on host ...)")."""
     error: Optional[str] = None
     rank_named: Optional[int] = None
     rerun: bool = False
     cause: Optional[str] = None
     may_succeed: bool = False
+    preempted: bool = False
+    names_lost_rank: bool = False
 
 
 @dataclass
@@ -36,20 +65,28 @@ class Fault:
     kind: str
     rank: int
     at: float  # when: after this fraction of the first attempt's training steps
-    hold: float = 0.0  # SIGSTOP: seconds before SIGCONT
+    hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
+    workload: str = "ddp"  # or "elastic": the same workload with min_processes=1
+    steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
     delay: float = 0.0  # about when ``at`` comes, in seconds after the rank started (for the run's bounds)
     fired_at: Optional[float] = None
     note: str = ""
+    problems: list = field(default_factory=list)  # what the fault itself found broken (a violation each)
     _stopped: list = field(default_factory=list, repr=False)
 
     def describe(self) -> str:
-        return (f"{self.kind}(rank {self.rank}, after step {self.step} of {STEPS}"
-                f"{f', hold {self.hold:.1f}s' if self.hold else ''})")
+        return (f"{'elastic ' if self.workload == 'elastic' else ''}{self.kind}(rank {self.rank}, after step "
+                f"{self.step} of {self.steps}{f', hold {self.hold:.1f}s' if self.hold else ''})")
+
+    @property
+    def label(self) -> str:
+        """The kind, with the workload where it is not the plain DDP one (``elastic/kill_executor``)."""
+        return self.kind if self.workload == "ddp" else f"{self.workload}/{self.kind}"
 
     @property
     def step(self) -> int:
         """Rank 0's training step after which the fault acts."""
-        return max(1, round(self.at * STEPS))
+        return max(1, round(self.at * self.steps))
 
     def ending(self) -> Ending:
         return ENDINGS[self.kind](self)
@@ -66,9 +103,45 @@ ENDINGS = {
     "hostile_client": lambda f: Ending(),
     "interrupt_driver": lambda f: Ending(error="KeyboardInterrupt", rerun=True),
     "full_disk": lambda f: Ending(error="TrainingFailedError", cause="DiskFullError", may_succeed=True),
+    # A lost executor is a retry (max_retries) once the master replaced it, from the last checkpoint
+    # (docs/how_a_run_works.md, "Failures and retries"); an elastic run's retry starts on the slot left instead
+    # and grows back (docs/elastic.md): a success either way.
+    "kill_executor": lambda f: Ending(names_lost_rank=True),
+    # A preemption notice: rank 0 stops at its next checkpoint, a new attempt goes on from it, no retry
+    # (docs/elastic.md, "Preemption notices").
+    "decommission_worker": lambda f: Ending(preempted=True),
 }
-KINDS = tuple(ENDINGS)
+STANDALONE_KINDS = ("kill_executor", "decommission_worker")  # need the standalone cluster (Injector's cluster)
+KINDS = tuple(k for k in ENDINGS if k not in STANDALONE_KINDS)  # on any session of two slots (local[2])
+ELASTIC_KINDS = ("kill_executor",)  # the faults the elastic workload is run with
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
+EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
+NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)
+
+
+def executor_of(target: dict) -> Optional[psutil.Process]:
+    """The executor JVM above the rank of beacon ``target`` (an ancestor of its Python worker: the ``java``
+    process whose command line holds ``CoarseGrainedExecutorBackend``); None when the rank and its worker are
+    gone, or run in no executor (local mode)."""
+    for pid in (target["pid"], target["ppid"]):
+        try:
+            parents = psutil.Process(pid).parents()
+        except psutil.Error:
+            continue
+        for p in parents:
+            try:
+                cmdline = p.cmdline()
+            except psutil.Error:
+                continue
+            if cmdline and os.path.basename(cmdline[0]) == "java" \
+                    and "CoarseGrainedExecutorBackend" in " ".join(cmdline):
+                return p
+    return None
+
+
+def worker_of(cluster, executor: int) -> Optional[int]:
+    """The index of ``cluster``'s standalone worker that runs the executor JVM ``executor``."""
+    return next((i for i in range(len(cluster.workers)) if executor in cluster.executor_pids(worker=i)), None)
 
 
 def beacon(beacons: str, rank: int, attempt: int = 0, timeout: float = 120.0, done=None) -> Optional[dict]:
@@ -84,11 +157,16 @@ def beacon(beacons: str, rank: int, attempt: int = 0, timeout: float = 120.0, do
 
 
 class Injector(threading.Thread):
-    """Fires ``fault`` into the run whose ranks write to ``beacons``, its checkpoints in ``run_dir``."""
+    """Fires ``fault`` into the run whose ranks write to ``beacons``, its checkpoints in ``run_dir``; ``cluster``:
+    the ``StandaloneCluster`` the run's session runs on (the standalone kinds need it)."""
 
-    def __init__(self, fault: Fault, beacons: str, run_dir: str, run_id: str, disk: Optional[str] = None):
+    def __init__(self, fault: Fault, beacons: str, run_dir: str, run_id: str, disk: Optional[str] = None,
+                 cluster=None):
         super().__init__(daemon=True, name=f"chaos-{fault.kind}")
         self.fault, self.beacons, self.run_dir, self.run_id, self.disk = fault, beacons, run_dir, run_id, disk
+        self.cluster = cluster
+        if fault.kind in STANDALONE_KINDS and cluster is None:
+            raise ValueError(f"{fault.kind} needs the standalone cluster its run runs on")
         self.done = threading.Event()  # the run ended
         self.hostile = None
         if fault.kind == "hostile_client":  # made now: it leaves alone the ports that listen before the run
@@ -177,10 +255,59 @@ class Injector(threading.Thread):
                        stderr=subprocess.DEVNULL)
         self._fired(f"{self.disk} filled")
 
+    def _kill_executor(self, target):
+        executor = executor_of(target)
+        if executor is None:
+            return
+        worker = worker_of(self.cluster, executor.pid) if self.fault.hold else None
+        held = worker is not None and self._signal(self.cluster.worker_pids[worker], signal.SIGSTOP)
+        try:
+            try:
+                executor.kill()
+            except psutil.NoSuchProcess:
+                return
+            self._fired(f"executor JVM {executor.pid}" + (f", worker {worker} held {self.fault.hold:.1f}s" if held
+                                                          else ""))
+            if held:
+                time.sleep(self.fault.hold)
+        finally:
+            if held:
+                self._signal(self.cluster.worker_pids[worker], signal.SIGCONT)
+
+    def _decommission_worker(self, target):
+        """SIGPWR to the worker under the target rank; then, once its executor has exited (the run left it), a
+        new worker in its place. Both happen whether or not the run is still on: a fixed-size run waits for the
+        new worker's executor to go on at its size, and the next run needs the cluster whole."""
+        executor = executor_of(target)
+        worker = None if executor is None else worker_of(self.cluster, executor.pid)
+        if worker is None:
+            return
+        hold = os.path.join(self.beacons, HOLD_FOR_NOTICE)
+        with open(hold + ".tmp", "w") as f:
+            f.write(repr(time.time() + NOTICE_S))
+        os.replace(hold + ".tmp", hold)
+        os.kill(self.cluster.worker_pids[worker], signal.SIGPWR)  # what sbin/decommission-worker.sh sends
+        self._fired(f"worker {worker} (executor JVM {executor.pid})")
+        try:
+            executor.wait(timeout=EXECUTOR_EXIT_S)
+            self.fault.note += f", its executor gone {time.time() - self.fault.fired_at:.1f}s later"
+        except psutil.TimeoutExpired:
+            self.fault.problems.append(
+                f"the decommissioned worker's executor {executor.pid} was still running {EXECUTOR_EXIT_S:.0f}s "
+                "after the notice (docs/elastic.md: it exits once the run has checkpointed and left it)")
+        started = time.monotonic()
+        # Kills what is left of the old worker; the replacement must come. Forked without Python in the child: this
+        # process is the run's driver (see StandaloneCluster._spawn).
+        self.cluster.replace_worker(worker)
+        self.fault.note += f", a new worker in {time.monotonic() - started:.1f}s"
+
     def finish(self) -> None:
-        """The run ended: stop what is still acting (the hostile client), wake a waiting injector."""
+        """The run ended: stop what is still acting (the hostile client), wake a waiting injector; a decommission
+        still under way (its executor exiting, the new worker starting) is waited for."""
         self.done.set()
         if self.hostile is not None and self.hostile.is_alive():
             self.hostile.stop.set()
             self.hostile.join(10)
-        self.join(30)
+        self.join(EXECUTOR_EXIT_S + 150 if self.fault.kind == "decommission_worker" else 30)
+        if self.is_alive():
+            self.fault.problems.append(f"the {self.fault.kind} fault was still acting after the run ended")

@@ -1,12 +1,17 @@
 """The fault campaign in the suite: every fault kind once, in an order and at times drawn from a fixed seed,
-against the DDP workload on the shared local[2] session; every run's invariants hold (tests/chaos/campaign.py
-says which). ``make soak`` runs it long, with any seed."""
+against the DDP workload; every run's invariants hold (tests/chaos/campaign.py says which). The kinds of
+:data:`faults.KINDS` run on the shared local[2] session; the standalone kinds (:data:`faults.STANDALONE_KINDS`: an
+executor JVM killed, a worker decommissioned) and the elastic workload (``min_processes=1``, its executor killed
+while its worker is held for seconds: the retry runs on the slot left, then grows back) on the standalone cluster
+of two workers, which each run leaves whole; the workload is shorter there (tests/chaos/workload.py), for the
+suite's time. ``make soak`` runs them long, with any seed (bench/bench_chaos.py, ``--cluster standalone`` for the
+standalone part)."""
 import os
 
 import pytest
 
 pytest.importorskip("torch")
-from chaos import faults  # noqa: E402
+from chaos import faults, workload  # noqa: E402
 from chaos.campaign import Campaign, schedule  # noqa: E402
 from chaos.faults import Fault  # noqa: E402
 
@@ -16,14 +21,38 @@ SEED = 20261129
 REGRESSIONS = {"freeze_rank": Fault("freeze_rank", rank=1, at=0.46)}
 
 
+def _fired_every_kind(campaign, kinds):
+    fired = {r.fault.label for r in campaign.records if r.fault.fired_at is not None}
+    runs = "\n".join(f"{r.fault.describe()}: {r.ending}, fired {r.fault.fired_at is not None}, {r.wall}s"
+                     for r in campaign.records)
+    assert fired == set(kinds), f"never fired: {sorted(set(kinds) - fired)}; span {campaign.span:.2f}s\n{runs}"
+
+
 def test_every_fault_kind_ends_as_documented_and_leaves_the_cluster_whole(spark_local, tmp_path):
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
     campaign = Campaign(spark_local, str(tmp_path), SEED)
     for index, fault in enumerate(schedule(SEED, 0, kinds, each_once=True)):
         campaign.run(index, REGRESSIONS.get(fault.kind, fault))
     found = campaign.violations() + campaign.finish()
-    fired = {r.fault.kind for r in campaign.records if r.fault.fired_at is not None}
     assert not found, "\n".join(found)
-    runs = "\n".join(f"{r.fault.describe()}: {r.ending}, fired {r.fault.fired_at is not None}, {r.wall}s"
-                     for r in campaign.records)
-    assert fired == set(kinds), f"never fired: {sorted(set(kinds) - fired)}; span {campaign.span:.2f}s\n{runs}"
+    _fired_every_kind(campaign, kinds)
+
+
+def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_standalone, standalone_cluster,
+                                                                         tmp_path):
+    campaign = Campaign(spark_standalone, str(tmp_path), SEED, cluster=standalone_cluster,
+                        epochs=workload.STANDALONE_EPOCHS, step_s=workload.STANDALONE_STEP_S, warm_up=False)
+    drawn = schedule(SEED, 0, faults.STANDALONE_KINDS, each_once=True, elastic_kinds=faults.ELASTIC_KINDS)
+    for index, fault in enumerate(drawn):
+        campaign.run(index, fault)
+    found = campaign.violations() + campaign.finish()
+    assert not found, "\n".join(found)
+    _fired_every_kind(campaign, [*faults.STANDALONE_KINDS, *(f"elastic/{k}" for k in faults.ELASTIC_KINDS)])
+    # Each fault cost its run what the docs say: the killed executor an attempt (a retry), the decommission a
+    # restart after the notice (no retry: checked with every run's invariants), the elastic run a retry, on the one
+    # slot left (a resize: its rows were checked, not its weights) unless the worker's replacement came within
+    # the elastic retry's wait (elastic.STILL_S), as it may on a loaded machine.
+    runs = {r.fault.label: r for r in campaign.records}
+    assert runs["kill_executor"].ending != "success (attempt 0)", runs["kill_executor"]
+    assert any(e.startswith("preempted") for e in runs["decommission_worker"].events), runs["decommission_worker"]
+    assert runs["elastic/kill_executor"].ending != "success (attempt 0)", runs["elastic/kill_executor"]

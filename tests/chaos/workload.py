@@ -1,18 +1,43 @@
 """The campaign's workload: DDP over a DataFrame through ``ctx.loader``, a checkpoint every few batches (mid-epoch,
 the loader's place in it), deterministic on CPU, so that every ending can be checked against a fault-free run:
-the final weights bit for bit, and the rows each epoch trained (each row carries its id).
+the final weights bit for bit, and the rows each epoch trained (each row carries its id). The same function is
+the campaign's two workloads: ``ddp`` (a fixed size) and ``elastic`` (run with ``min_processes=1``: an attempt
+may run on one rank, the rest of an epoch dealt out to it, and grow back to two at a checkpoint; see
+docs/elastic.md). Its length is the run's: ``epochs`` and ``step_s`` (a step's extra time), the defaults below
+unless a campaign gives others (:func:`steps` counts them).
 
 What the ranks leave for the campaign, in ``beacons`` (a directory on the driver's machine): each rank's pid and
 its parent's (the task's Python worker) as it starts an attempt, ``a<attempt>-r<rank>.json``; and rank 0's
-training steps, a line of ``<attempt> <epoch> <batch> <time>`` each, in ``steps``.
+training steps, a line of ``<attempt> <epoch> <batch> <time>`` each, in ``steps``. What a fault leaves for the
+ranks there: ``hold-for-notice`` (a deadline, as ``time.time()``), where the fault is one the driver tells the
+ranks of (a decommission: the driver looks every 2 s, and a run of the campaign's length may be over by then):
+each rank of the first attempt then waits after its step until it has heard the notice (``ctx.preempted``) or
+the deadline passed, as a longer training would go on meanwhile.
 """
 import json
 import os
 import time
 
 ROWS, EPOCHS, BATCH, EVERY = 192, 3, 8, 4  # 12 batches a rank and epoch over 2 ranks; a checkpoint every 4
-STEPS = EPOCHS * ROWS // (2 * BATCH)  # a rank's training steps in a run
+RANKS = 2
 STEP_S = 0.02  # a step's extra time: a fault drawn at a random time lands mid-training
+# On the standalone cluster (the suite's run and `bench_chaos.py --cluster standalone`): two epochs, for the suite's
+# time, of longer steps, so that a run's training outlasts the driver's look for decommissions (every 2 s) after a
+# fault drawn late in it, most of the time.
+STANDALONE_EPOCHS, STANDALONE_STEP_S = 2, 0.05
+HOLD_FOR_NOTICE = "hold-for-notice"
+
+
+def steps(epochs: int = EPOCHS) -> int:
+    """A rank's training steps in a run of ``epochs`` on :data:`RANKS` ranks. Every checkpoint of such a run is at
+    an even place of its epoch (``EVERY`` steps of two ranks), and so is every one of an attempt on one rank (an
+    elastic run's): what is left of an epoch always divides among two ranks again, so an elastic run that grows
+    back trains every row of the epoch once (docs/elastic.md: where the new ranks do not divide what is left, a
+    loader repeats or leaves out a few batches)."""
+    return epochs * ROWS // (RANKS * BATCH)
+
+
+STEPS = steps()  # a rank's training steps in a run of the default length
 
 
 def dataset(spark):
@@ -31,9 +56,10 @@ def _beacon(beacons, ctx):
     os.replace(path + ".tmp", path)
 
 
-def train(beacons):
+def train(beacons, epochs=EPOCHS, step_s=STEP_S):
     """The rank's function: returns (rank 0) the weights, each epoch's row ids as trained in the lineage that
-    led to them (across attempts, from the checkpoints), and the attempt that finished."""
+    led to them (across attempts, from the checkpoints, whatever number of ranks each attempt had), the attempt
+    that finished and its number of ranks."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -56,6 +82,15 @@ def train(beacons):
         lineage = state["lineage"]
     pending = {}  # epoch -> this rank's row ids since the last checkpoint
     steps = open(os.path.join(beacons, "steps"), "a") if ctx.rank == 0 else None
+    hold = os.path.join(beacons, HOLD_FOR_NOTICE)
+
+    def wait_for_notice():
+        if ctx.attempt or not os.path.exists(hold):
+            return
+        with open(hold) as f:
+            deadline = float(f.read())
+        while not ctx.preempted and time.time() < deadline:
+            time.sleep(0.05)
 
     def settle():
         gathered = [None] * ctx.world_size
@@ -65,7 +100,7 @@ def train(beacons):
                 lineage.setdefault(epoch, []).extend(ids)
         pending.clear()
 
-    for epoch in range(loader.epoch, EPOCHS):
+    for epoch in range(loader.epoch, epochs):
         loader.set_epoch(epoch)
         for batch in loader:
             at = loader.state_dict()["batches"]
@@ -73,7 +108,8 @@ def train(beacons):
             nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["y"]).backward()
             optimizer.step()
             pending.setdefault(epoch, []).extend(batch["id"].tolist())
-            time.sleep(STEP_S)
+            time.sleep(step_s)
+            wait_for_notice()
             if steps is not None:
                 steps.write(f"{ctx.attempt} {epoch} {at} {time.time()}\n")
                 steps.flush()
@@ -83,4 +119,4 @@ def train(beacons):
                                      "loader": loader.state_dict(), "lineage": lineage})
     settle()
     weights = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
-    return {"weights": weights, "lineage": lineage, "attempt": ctx.attempt}
+    return {"weights": weights, "lineage": lineage, "attempt": ctx.attempt, "world_size": ctx.world_size}
