@@ -1,5 +1,5 @@
 """Telling a stall and diagnosing it (spark_dist.driver.stall), from step counts and faulthandler dumps as the
-supervisors send them; no JVM. Real runs that stall: tests/spark/test_stall.py."""
+supervisors send them; no JVM. Real runs that stall: tests/spark/test_stall_runs.py."""
 from spark_dist.driver.stall import RankStack, StallWatch, diagnose
 
 IN_ALL_REDUCE = """Thread 0x00007f01 (most recent call first):

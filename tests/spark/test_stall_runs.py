@@ -60,7 +60,7 @@ def test_a_rank_blocked_before_an_all_reduce_is_named_with_its_line_and_the_run_
     assert d.run(all_reduce_steps, str(tmp_path / "blocked"), 2, STALL_S + 7) == 4.0 ** 8
     [diagnosis] = d.stalls
     assert diagnosis.behind == [2]
-    where = f"test_stall.py:{BLOCKED_LINE} (all_reduce_steps)"
+    where = f"test_stall_runs.py:{BLOCKED_LINE} (all_reduce_steps)"
     assert where in diagnosis.lines()[1] and diagnosis.lines()[1].startswith("  rank 2 (on ")
     assert "ranks 0, 1, 3" in diagnosis.lines()[2]
     printed = capsys.readouterr().out
@@ -76,7 +76,7 @@ def test_stall_action_fail_ends_the_run_within_the_timeout_with_every_ranks_stac
     assert took < STALL_S + 10
     first, other = caught.value.failures_list[:2]
     assert (first.rank, first.kind, other.rank) == (1, "stalled", 0)
-    assert f"test_stall.py:{BLOCKED_LINE} (all_reduce_steps)" in first.message
+    assert f"test_stall_runs.py:{BLOCKED_LINE} (all_reduce_steps)" in first.message
     assert "all_reduce" in other.traceback and "in child_main" in first.traceback  # each rank's whole stack
     assert "rank 1" in str(caught.value)
 
