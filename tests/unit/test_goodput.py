@@ -81,10 +81,12 @@ def test_a_real_runs_parts_add_up_to_its_wall_time_and_name_the_work_lost_to_its
     assert d.run(fails_once_after_a_checkpoint) == 1
     wall = time.time() - started
     split = d.goodput()
-    assert split["ending"].tolist() == ["failed", "succeeded"]
-    assert abs(split["wall"].sum() - wall) <= 0.02 * wall
+    shown = split.to_string()
+    assert split["ending"].tolist() == ["failed", "succeeded"], shown
+    assert abs(split["wall"].sum() - wall) <= 0.02 * wall, (wall, shown)
     failed, retried = split.iloc[0], split.iloc[1]
-    assert 0.2 <= failed["lost_work"] <= 2.0  # steps 10-14 (5 x 50 ms), then the abort's own delay
-    assert retried["recovery"] > 0 and retried["lost_work"] == 0
-    assert failed["launch"] > 0 and failed["setup"] > 0
-    assert retried["training"] >= 0.45  # its ten steps of 50 ms
+    assert failed["lost_work"] >= 0.2, shown  # steps 10-14 (5 x 50 ms), then until the abort
+    assert failed["training"] >= 0.4, shown  # the ten steps before its checkpoint are not lost
+    assert retried["recovery"] > 0 and retried["lost_work"] == 0, shown
+    assert failed["launch"] > 0 and failed["setup"] > 0, shown
+    assert retried["training"] >= 0.45, shown  # its ten steps of 50 ms
