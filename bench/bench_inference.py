@@ -14,9 +14,17 @@ in ``--rounds`` rounds, rows/s is the median. Workloads (issue #42, item 5):
                tokenizer trained on the fly), a 2-layer BERT encoder built from a config (hidden 64) -> its mean
                embedding (``array<float>``); batches of 64
 
-The ceiling: the same predict function over the same inputs held in memory, in one process, in a plain loop
-(its rows/s); the forward share is ``rows / (2 x ceiling rows/s) / wall seconds``, the part of the 2 cores' time
-that the predict function itself would need. Nothing is downloaded: models from configs, tokenizer trained here.
+The ceiling, a third way in every round: the same predict function over the same batches with no Spark, in
+``multiprocessing.Pool(2)`` (one process per task slot of ``local[2]``, one torch thread each): each worker makes
+the predict function once and runs it on one batch before the rounds (as each UDF's workers load the model
+before them); a round maps it over the inputs held in the driver, cut as the DataFrame's 8 partitions and each
+partition into batches of the UDFs' batch size, the batches sent to the workers and the predictions sent back.
+Of the ceiling: spark_dist's rows/s over the pool's (median over median; each round's too).
+
+The predict function alone: the same function over the same inputs in memory, in one process, in a plain loop
+(its rows/s, best of 2, before the rounds); the forward share is ``rows / (2 x its rows/s) / wall seconds``, the
+part of the 2 cores' time that the predict function itself would need. Nothing is downloaded: models from
+configs, tokenizer trained here.
 """
 import argparse
 import json
@@ -31,7 +39,7 @@ ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, BENCH)
 
-torch_threads = 1  # each of local[2]'s tasks has one core; the ceiling's loop gets the same
+torch_threads = 1  # each of local[2]'s tasks has one core; the ceiling's workers and the function alone too
 
 
 # -- the workloads: (make_predict_fn, return type, batch size, input shapes) ---------------------------------
@@ -109,7 +117,7 @@ def train_tokenizer(texts: list) -> str:
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
-def ceiling(make_predict_fn, inputs, batch_size: int, rounds: int = 2) -> float:
+def alone(make_predict_fn, inputs, batch_size: int, rounds: int = 2) -> float:
     """Rows/s of the predict function alone over ``inputs`` (a numpy array) held in memory, in this process."""
     predict = make_predict_fn()
     batches = [inputs[i:i + batch_size] for i in range(0, len(inputs), batch_size)]
@@ -124,6 +132,59 @@ def ceiling(make_predict_fn, inputs, batch_size: int, rounds: int = 2) -> float:
     return len(inputs) / best
 
 
+PARTITIONS = 8  # each workload's DataFrame: repartitioned (or made) in this many partitions
+_pool_predict = None  # a ceiling worker's predict function (made by _pool_start)
+
+
+def _pool_start(make_predict_fn, first_batch, ready):
+    global _pool_predict
+    _pool_predict = make_predict_fn()
+    _pool_predict(first_batch)
+    ready.wait()
+
+
+def _pool_batch(batch) -> int:
+    return len(_pool_predict(batch))
+
+
+def partition_batches(inputs, batch_size: int) -> list:
+    """``inputs`` cut as the DataFrame's :data:`PARTITIONS` partitions of about equal size, each into batches of
+    ``batch_size`` (its last one shorter), as the UDFs' Python workers get them."""
+    import numpy as np
+
+    return [part[i:i + batch_size] for part in np.array_split(inputs, PARTITIONS)
+            for i in range(0, len(part), batch_size)]
+
+
+class Ceiling:
+    """The ceiling's pool (module docstring): ``Ceiling(make_predict_fn, inputs, batch_size)`` as a context
+    manager, each call one round, its seconds."""
+
+    def __init__(self, make_predict_fn, inputs, batch_size: int, workers: int = 2):
+        import multiprocessing
+
+        self.batches = partition_batches(inputs, batch_size)
+        self.rows = sum(len(b) for b in self.batches)
+        context = multiprocessing.get_context("fork")
+        ready = context.Barrier(workers + 1)  # every worker's function made and run once before the rounds
+        self.pool = context.Pool(workers, initializer=_pool_start, initargs=(make_predict_fn, self.batches[0], ready))
+        ready.wait(timeout=600)
+
+    def __call__(self) -> float:
+        started = time.perf_counter()
+        done = sum(self.pool.imap(_pool_batch, self.batches))
+        seconds = time.perf_counter() - started
+        assert done == self.rows, (done, self.rows)
+        return seconds
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.pool.close()
+        self.pool.join()
+
+
 def timed_select(df, udf, column) -> float:
     started = time.perf_counter()
     df.select(udf(column).alias("p")).write.format("noop").mode("overwrite").save()
@@ -131,7 +192,8 @@ def timed_select(df, udf, column) -> float:
 
 
 def side_by_side(name, df, column, rows, make_predict_fn, return_type, batch_size, shapes, rounds,
-                 ceiling_rows_s) -> dict:
+                 alone_rows_s, inputs) -> dict:
+    """The two UDFs and the ceiling's pool over ``inputs`` (the DataFrame's rows, in memory), taking turns."""
     from pyspark.ml.functions import predict_batch_udf as pyspark_udf
 
     from spark_dist import predict_batch_udf
@@ -141,22 +203,32 @@ def side_by_side(name, df, column, rows, make_predict_fn, return_type, batch_siz
             for way, make in ways.items()}
     for udf in udfs.values():  # each way's Python workers load its model once before the timed rounds
         timed_select(df.limit(batch_size * 4), udf, column)
-    seconds = {way: [] for way in ways}
-    for _ in range(rounds):
-        for way, udf in udfs.items():
-            seconds[way].append(timed_select(df, udf, column))
-    out = {"rows": rows, "batch_size": batch_size, "ceiling_rows_per_s": ceiling_rows_s, "ways": {}}
+    runs = {way: (lambda udf=udf: timed_select(df, udf, column)) for way, udf in udfs.items()}
+    seconds = {way: [] for way in [*ways, "ceiling"]}
+    with Ceiling(make_predict_fn, inputs, batch_size) as ceiling_round:
+        assert ceiling_round.rows == rows, (ceiling_round.rows, rows)
+        runs["ceiling"] = ceiling_round
+        for _ in range(rounds):
+            for way, run in runs.items():
+                seconds[way].append(run())
+    out = {"rows": rows, "batch_size": batch_size, "alone_rows_per_s": alone_rows_s, "ways": {}}
     for way, times in seconds.items():
         median = statistics.median(times)
         out["ways"][way] = {"seconds": times, "rows_per_s": rows / median,
-                            "forward_share": rows / (2 * ceiling_rows_s) / median}
+                            "forward_share": rows / (2 * alone_rows_s) / median}
     out["ratio"] = out["ways"]["spark_dist"]["rows_per_s"] / out["ways"]["pyspark"]["rows_per_s"]
     out["round_ratios"] = [p / s for p, s in zip(seconds["pyspark"], seconds["spark_dist"])]
+    for way in ways:
+        out[f"{way}_of_ceiling"] = out["ways"][way]["rows_per_s"] / out["ways"]["ceiling"]["rows_per_s"]
+        out[f"{way}_of_ceiling_rounds"] = [c / s for c, s in zip(seconds["ceiling"], seconds[way])]
     print(f"{name}: pyspark {out['ways']['pyspark']['rows_per_s']:,.0f} rows/s, spark_dist "
           f"{out['ways']['spark_dist']['rows_per_s']:,.0f} rows/s: {out['ratio']:.2f}x (rounds "
-          f"{', '.join(f'{r:.2f}' for r in out['round_ratios'])}); ceiling {ceiling_rows_s:,.0f} rows/s a core; "
-          f"forward share {out['ways']['spark_dist']['forward_share']:.0%} (pyspark "
-          f"{out['ways']['pyspark']['forward_share']:.0%})", flush=True)
+          f"{', '.join(f'{r:.2f}' for r in out['round_ratios'])}); the ceiling's pool "
+          f"{out['ways']['ceiling']['rows_per_s']:,.0f} rows/s, spark_dist {out['spark_dist_of_ceiling']:.0%} of it "
+          f"(rounds {', '.join(f'{r:.0%}' for r in out['spark_dist_of_ceiling_rounds'])}), pyspark "
+          f"{out['pyspark_of_ceiling']:.0%}; the function alone {alone_rows_s:,.0f} rows/s a core; forward share "
+          f"{out['ways']['spark_dist']['forward_share']:.0%} (pyspark {out['ways']['pyspark']['forward_share']:.0%})",
+          flush=True)
     return out
 
 
@@ -199,29 +271,32 @@ def main(argv=None) -> dict:
     workloads = {}
     try:
         if "mlp" in args.workloads:
-            df = cached(spark.range(args.rows, numPartitions=8).select(
+            df = cached(spark.range(args.rows, numPartitions=PARTITIONS).select(
                 F.array(*[F.sin(F.col("id") * (k + 1)).cast("float") for k in range(32)]).alias("x")))
-            x = np.sin(np.arange(min(args.rows, 200_000))[:, None] * np.arange(1, 33)).astype(np.float32)
+            x_all = np.sin(np.arange(args.rows)[:, None] * np.arange(1, 33)).astype(np.float32)  # the same rows
+            x = x_all[:200_000]
             workloads["mlp"] = side_by_side("mlp", df, "x", args.rows, mlp_predict_fn, FloatType(), 1024, [[32]],
-                                            args.rounds, ceiling(mlp_predict_fn, x, 1024))
+                                            args.rounds, alone(mlp_predict_fn, x, 1024), x_all)
             df.unpersist()
         if "cnn" in args.workloads:
             from bench_transform import make_jpegs
 
             jpegs = make_jpegs(args.images, 64)
-            df = cached(spark.createDataFrame([(b,) for b in jpegs], "image binary").repartition(8))
+            df = cached(spark.createDataFrame([(b,) for b in jpegs], "image binary").repartition(PARTITIONS))
+            images = np.array(jpegs, dtype=object)
             workloads["cnn"] = side_by_side("cnn", df, "image", args.images, cnn_predict_fn, LongType(), 128, None,
-                                            args.rounds, ceiling(cnn_predict_fn, np.array(jpegs, dtype=object), 128))
+                                            args.rounds, alone(cnn_predict_fn, images, 128), images)
             df.unpersist()
         if "transformer" in args.workloads:
             from bench_images import make_texts
 
             texts = make_texts(args.texts)
             make = transformer_predict_fn(train_tokenizer(texts))
-            df = cached(spark.createDataFrame([(t,) for t in texts], "text string").repartition(8))
+            df = cached(spark.createDataFrame([(t,) for t in texts], "text string").repartition(PARTITIONS))
+            strings = np.array(texts, dtype=object)
             workloads["transformer"] = side_by_side(
                 "transformer", df, "text", args.texts, make, ArrayType(FloatType()), 64, None, args.rounds,
-                ceiling(make, np.array(texts, dtype=object), 64))
+                alone(make, strings, 64), strings)
             df.unpersist()
     finally:
         spark.stop()

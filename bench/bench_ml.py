@@ -17,14 +17,22 @@ On a ``local[2]`` SparkSession (loopback only):
      ``--first-fit-sessions`` fresh processes (the figure is the median over all those sessions); then
      ``--fits`` more on other splits (median), each writing its Petastorm cache (a VectorAssembler output
      is a new plan every time); then TorchEstimator alone fitted again on one assembled DataFrame, whose
-     cache is reused. Goals (#17): first fit <= 6 s, later fits <= 3 s, held-out accuracy >= 0.93.
+     cache is reused. Held-out accuracy goal (#17): >= 0.93.
   3. The same first fit in ``--first-fit-sessions`` more fresh processes whose session opts in to
      ``spark.python.daemon.module=spark_dist_daemon`` (docs/speedups.md), taking turns with the sessions of 2.
      so that a slow hour slows both alike.
+  4. The floor of those fits: the same training in pure torch, no Spark (:func:`pure_torch_fit`, a fresh
+     process of this script with ``--pure-torch``): the same model with the same initial weights, the same
+     training rows (each fit's own split, collected after the fit), the same 15 epochs of the same global batches
+     (2 ranks x 32 rows: one batch of 64), the same learning-rate ramp and Adam, in one process of one torch
+     thread. Timed: the whole process up to its figures printed (start, ``import torch``, the rows read, the
+     loop: the floor of a first fit, whose ranks start and import torch), and the loop alone (the floor of a
+     later fit, whose ranks fork from Python workers that hold torch already). One such process follows each fit
+     of 2. and each pair of fresh sessions of 3., taking turns with them. The goals are ratios to it
+     (bench/report.py): a fit's seconds over its floor's.
 
-These are seconds, not ratios, and this kind of machine is not always as fast: each run also times a fresh
-``import torch`` (median of 3 processes), the fixed cost that dominates a first fit, so that runs on
-different days can be set side by side.
+Each run also times a fresh ``import torch`` (median of 3 processes), the fixed cost that dominates a first fit,
+so that runs on different days can be set side by side.
 
 Horovod's own estimator (``horovod.spark.torch.TorchEstimator``) is not run: ``horovod[spark]`` 0.28.1 pins
 ``pyarrow<11`` (this stack needs pyarrow >= 11 for pyspark 3.5 and petastorm 0.12) and imports
@@ -165,7 +173,9 @@ def job_counter(spark):
     yield lambda: store.jobsList(None).size() - before
 
 
-def bench_fit(spark, fits, reuse=True):
+def bench_fit(spark, fits, reuse=True, floors=None):
+    """The fits of 2. (module docstring); with ``floors`` (a directory), each fit's floor of 4. after it, on the
+    rows of its split (written there), in ``"pure_torch"`` (the fits' order)."""
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.ml.feature import VectorAssembler
@@ -178,7 +188,8 @@ def bench_fit(spark, fits, reuse=True):
 
     def estimator():
         return TorchEstimator(model=mlp(), featuresCol="features", labelCol="label", loss="cross_entropy",
-                              epochs=15, batchSize=32, learningRate=0.003, numProcesses=2, backend="ddp")
+                              epochs=EPOCHS, batchSize=BATCH_SIZE, learningRate=LEARNING_RATE, numProcesses=RANKS,
+                              backend="ddp")
 
     # The Pipeline: every fit writes a Petastorm cache, because VectorAssembler's output is a new plan each
     # time (its Scala UDF is a new object, so Spark never finds two such plans the same).
@@ -187,7 +198,7 @@ def bench_fit(spark, fits, reuse=True):
     # The first of these fits is the session's first (no Python worker has run yet).
     # The evaluation after each fit is timed too: the first one after the session's first fit is the session's
     # first pandas_udf (the model's transform), which a user waits for next.
-    times, jobs, accuracies, evaluations, cpu = [], [], [], [], []
+    times, jobs, accuracies, evaluations, cpu, pure_torch = [], [], [], [], [], []
     for i in range(fits + 1):
         train, test = df.randomSplit([0.8, 0.2], seed=100 + i)
         pipeline = Pipeline(stages=[assembler, estimator()])
@@ -201,6 +212,8 @@ def bench_fit(spark, fits, reuse=True):
         started = time.perf_counter()
         accuracies.append(evaluator.evaluate(fitted.transform(test)))
         evaluations.append(time.perf_counter() - started)
+        if floors is not None:
+            pure_torch.append(run_pure_torch(save_rows(train, os.path.join(floors, f"split{i}.npz"))))
     if not fits or not reuse:
         return {"first_fit_seconds": times[0], "first_fit_cpu_seconds": cpu[0],
                 "first_fit_accuracy": accuracies[0], "pipeline_seconds": times[1:],
@@ -219,7 +232,8 @@ def bench_fit(spark, fits, reuse=True):
             "pipeline_seconds": times[1:], "spark_jobs_per_fit": jobs,
             "pipeline_median": statistics.median(times[1:]),
             "cache_reused_seconds": reused, "cache_reused_median": statistics.median(reused),
-            "held_out_accuracy": accuracies, "training_rows": "80% of 1,797 (randomSplit)"}
+            "held_out_accuracy": accuracies, "training_rows": "80% of 1,797 (randomSplit)",
+            **({"pure_torch": pure_torch} if floors is not None else {})}
 
 
 def source_tree(module_file: str) -> str:
@@ -236,19 +250,22 @@ def workers_origins(spark) -> dict:
                    "workers_daemon": sys.modules["__main__"].__spec__.name}).collect()[0]
 
 
-def first_fits_in_fresh_sessions(sessions: int, master: str) -> dict:
+def first_fits_in_fresh_sessions(sessions: int, master: str, rows_file=None) -> dict:
     """The session's first fit is the one a user waits for most, and the noisiest (JVM warm-up, Python
     workers starting, torch imported in them): measure it in ``sessions`` fresh processes, each its own JVM,
-    and in as many that opt in to spark_dist_daemon, the two kinds taking turns."""
+    and in as many that opt in to spark_dist_daemon, the two kinds taking turns; with ``rows_file`` (the first
+    fit's split), the floor of 4. after each pair (``"pure_torch"``)."""
     import subprocess
 
-    seconds = {"plain": [], "daemon": []}
+    seconds = {"plain": [], "daemon": [], "pure_torch": []}
     for i in range(sessions):
         for kind in (("plain", "daemon") if i % 2 == 0 else ("daemon", "plain")):  # neither always first
             out = subprocess.run([sys.executable, __file__, "--first-fit-only", "--master", master]
                                  + (["--python-daemon"] if kind == "daemon" else []),
                                  check=True, capture_output=True, text=True).stdout
             seconds[kind].append(json.loads(out.strip().splitlines()[-1])["first_fit_seconds"])
+        if rows_file:
+            seconds["pure_torch"].append(run_pure_torch(rows_file))
     return seconds
 
 
@@ -259,6 +276,104 @@ def import_torch_seconds(processes: int = 3) -> float:
     probe = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
     return statistics.median(float(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                                                   text=True).stdout) for _ in range(processes))
+
+
+# -- the floor: the same training in pure torch -------------------------------------------------------------
+EPOCHS, BATCH_SIZE, LEARNING_RATE, RANKS = 15, 32, 0.003, 2  # the estimator's below (bench_fit)
+
+
+def pure_torch_fit(rows_file: str) -> dict:
+    """The fit's training in one process, torch only (``--pure-torch``): what ``TorchEstimator`` does on its
+    :data:`RANKS` ranks, none of Spark or spark_dist. The rows of ``rows_file`` (``x``: float32 [n, 64], ``y``:
+    int64 [n]); the model of :func:`mlp` (the estimator's, so the same initial weights); each epoch shuffled and
+    cut into the steps the ranks take together (each rank ``n // RANKS // BATCH_SIZE`` full batches, as its loader
+    deals them with ``drop_last``), a step's batch being the ranks' together (their mean losses' averaged
+    gradients are the gradient of the joint batch's mean loss); the estimator's learning rate (``learningRate`` x
+    ranks, reached by a linear ramp over the first epoch: ``training.learning_rate_at``) and its Adam (torch's
+    functional ``adam``, as ``spark_dist.ml.optimizers`` runs it: no ``torch._dynamo``); one torch thread, the
+    fastest for a model this small. Returns the seconds of ``import torch`` and of the loop, the steps and the
+    last epoch's mean loss."""
+    started = time.perf_counter()
+    import numpy as np
+    import torch
+    from torch.nn import functional as F
+    from torch.optim.adam import adam
+
+    imported = time.perf_counter() - started
+    torch.set_num_threads(1)
+    with np.load(rows_file) as rows:
+        x, y = torch.from_numpy(rows["x"]), torch.from_numpy(rows["y"])
+    model = mlp()
+    params = list(model.parameters())
+    moments = [(torch.zeros_like(p), torch.zeros_like(p), torch.tensor(0.0)) for p in params]
+    exp_avgs, exp_avg_sqs, steps = (list(m) for m in zip(*moments))
+    per_epoch = len(x) // RANKS // BATCH_SIZE
+    batch, target, warmup = RANKS * BATCH_SIZE, LEARNING_RATE * RANKS, per_epoch
+    generator = torch.Generator().manual_seed(0)
+    step, loss_sum = 0, 0.0
+    loop_started = time.perf_counter()
+    for _ in range(EPOCHS):
+        order = torch.randperm(len(x), generator=generator)
+        loss_sum = 0.0
+        for i in range(per_epoch):
+            picked = order[i * batch:(i + 1) * batch]
+            lr = target if step >= warmup else LEARNING_RATE + (target - LEARNING_RATE) * (step + 1) / warmup
+            for p in params:
+                p.grad = None
+            loss = F.cross_entropy(model(x[picked]), y[picked])
+            loss.backward()
+            with torch.no_grad():
+                adam(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, [], steps, foreach=False,
+                     capturable=False, differentiable=False, fused=None, grad_scale=None, found_inf=None,
+                     has_complex=False, amsgrad=False, beta1=0.9, beta2=0.999, lr=lr, weight_decay=0.0, eps=1e-8,
+                     maximize=False)
+            loss_sum += float(loss.detach()) * len(picked)
+            step += 1
+    loop = time.perf_counter() - loop_started
+    return {"import_seconds": imported, "loop_seconds": loop, "steps": step,
+            "last_epoch_loss": loss_sum / max(per_epoch * batch, 1)}
+
+
+def save_rows(df, path: str) -> str:
+    """A training split's rows (``PIXELS`` and ``label``), collected to ``path`` for :func:`pure_torch_fit`."""
+    import numpy as np
+
+    pdf = df.select(*PIXELS, "label").toPandas()
+    np.savez(path, x=pdf[PIXELS].to_numpy(dtype="float32"), y=pdf["label"].to_numpy(dtype="int64"))
+    return path
+
+
+def run_pure_torch(rows_file: str) -> dict:
+    """:func:`pure_torch_fit` in a fresh process of this script; adds its wall seconds from the start to its
+    figures printed, the training done (``process_seconds``; the process's exit after it is not counted)."""
+    import subprocess
+
+    started = time.perf_counter()
+    with subprocess.Popen([sys.executable, __file__, "--pure-torch", rows_file], stdout=subprocess.PIPE,
+                          text=True) as process:
+        line = process.stdout.readline()
+        seconds = time.perf_counter() - started
+        process.communicate()
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, process.args)
+    return {**json.loads(line), "process_seconds": seconds}
+
+
+def floor_figures(fit: dict, fresh_floors: list) -> dict:
+    """The fits over their floors (4.): a first fit over the whole floor process (the median of the fresh
+    sessions' first fits, this session's included, over the median of the floors that ran beside them), the later
+    fits over the floor's loop (median over median); and each fit over the floor that ran right after it."""
+    firsts = [fit["first_fit_seconds"], *fit["fresh_session_first_fits"]]
+    cold = [fit["pure_torch"][0], *fresh_floors]
+    later = fit["pure_torch"][1:]
+    cold_median = statistics.median(f["process_seconds"] for f in cold)
+    loop_median = statistics.median(f["loop_seconds"] for f in later)
+    return {"fresh_session_pure_torch": fresh_floors,
+            "pure_torch_process_median": cold_median, "pure_torch_loop_median": loop_median,
+            "first_fit_vs_pure_torch": fit["first_fit_median"] / cold_median,
+            "first_fit_pair_ratios": [t / f["process_seconds"] for t, f in zip(firsts, cold)],
+            "later_fits_vs_pure_torch_loop": fit["pipeline_median"] / loop_median,
+            "later_fit_pair_ratios": [t / f["loop_seconds"] for t, f in zip(fit["pipeline_seconds"], later)]}
 
 
 def horovod_estimator_status() -> str:
@@ -297,9 +412,16 @@ def main(argv=None) -> int:
                         help="with --first-fit-only: time this many more Pipeline fits after it (median)")
     parser.add_argument("--code", help="with --first-fit-only: import spark_dist from this source tree, in the "
                                        "driver and the ranks, instead of this repository's (bench_history.py)")
+    parser.add_argument("--pure-torch", metavar="ROWS_FILE",
+                        help="run the fit's training in pure torch on these rows and print its figures as JSON "
+                             "(the floor, used by the above)")
     parser.add_argument("--out", help="write the figures as JSON to this file")
     args = parser.parse_args(argv)
+    if args.pure_torch:  # before anything imports Spark: the floor's process holds torch alone
+        print(json.dumps(pure_torch_fit(args.pure_torch)))
+        return 0
 
+    import tempfile
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -313,12 +435,17 @@ def main(argv=None) -> int:
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2"))
     if args.python_daemon:
         builder = builder.config("spark.python.daemon.module", "spark_dist_daemon")
+    load_before = os.getloadavg()[0]
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # The floors' rows (a file per split): kept until the fresh sessions' floors have run.
+    scratch = None if args.first_fit_only else tempfile.TemporaryDirectory(prefix="bench_ml-")
+    floors = scratch.name if scratch else None
     try:
         spark.range(1000).selectExpr("sum(id)").collect()  # the JVM's first job out of the way
         # First: the session's first Python work.
-        fit = bench_fit(spark, args.later_fits if args.first_fit_only else args.fits, reuse=not args.first_fit_only)
+        fit = bench_fit(spark, args.later_fits if args.first_fit_only else args.fits, reuse=not args.first_fit_only,
+                        floors=floors)
         if args.first_fit_only:
             import spark_dist
 
@@ -333,13 +460,16 @@ def main(argv=None) -> int:
         transform = bench_transform(spark, args.rows, args.baseline_rows, args.repeat)
     finally:
         spark.stop()
-    fresh = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master)
+    with scratch:
+        fresh = first_fits_in_fresh_sessions(args.first_fit_sessions, args.master,
+                                             os.path.join(scratch.name, "split0.npz"))
     fit["fresh_session_first_fits"] = fresh["plain"]
     # The median over every session's first fit: this one's and the fresh sessions'.
     fit["first_fit_median"] = statistics.median([fit["first_fit_seconds"], *fit["fresh_session_first_fits"]])
     fit["daemon_first_fits"] = fresh["daemon"]
     if fresh["daemon"]:
         fit["daemon_first_fit_median"] = statistics.median(fresh["daemon"])
+    fit.update(floor_figures(fit, fresh["pure_torch"]))
     fit["import_torch_seconds"] = import_torch_seconds()
     horovod = horovod_estimator_status()
 
@@ -367,12 +497,18 @@ def main(argv=None) -> int:
     print("\nSpark jobs per Pipeline fit (the cache write, which also checks the values; the training run): "
           + ", ".join(str(j) for j in fit["spark_jobs_per_fit"]))
     print("\nheld-out accuracy of the fits: " + ", ".join(f"{a:.3f}" for a in fit["held_out_accuracy"]))
-    print(f"\ngoals: first fit <= 6 s, later fits <= 3 s, accuracy >= 0.93. A fresh `import torch` took "
+    print(f"\nthe floor, the same training in pure torch: a fresh process {fit['pure_torch_process_median']:.2f} s "
+          f"(median), its loop {fit['pure_torch_loop_median']:.2f} s; first fit / the process "
+          f"**{fit['first_fit_vs_pure_torch']:.2f}x**, later fits / the loop "
+          f"**{fit['later_fits_vs_pure_torch_loop']:.2f}x** (goals: bench/report.py)")
+    print(f"\nheld-out accuracy goal >= 0.93. A fresh `import torch` took "
           f"{fit['import_torch_seconds']:.2f} s on this machine today. Horovod's TorchEstimator: " + horovod)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"transform": transform, "fit": fit, "horovod_estimator": horovod, "master": args.master,
-                       "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}}, f, indent=2)
+                       "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                       "load_average": [load_before, os.getloadavg()[0]]},  # other work on the machine skews it
+                      f, indent=2)
     return 0
 
 

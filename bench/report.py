@@ -193,13 +193,19 @@ def ratio_pair(d, key):
     return r["ratio"], statistics.median(r["round_ratios"])
 
 
+def over_bare_stage(d, figure):
+    """spark_dist's launch (``figure``: its ``first`` run or ``warm_median``) over the bare barrier stage's warm
+    median in the same run: the floor of any barrier-mode launcher."""
+    return d["figures"]["spark_dist Distributor"][figure] / d["figures"]["bare barrier stage (no sync)"]["warm_median"]
+
+
 # -- the goals at a glance ------------------------------------------------------------------------------------
 # (benchmark, goal, figure of one line's JSON, is it met, how to show the figure)
 GOALS = [
-    ("launch", "Launch of a trivial 2-rank job, warm median <= 0.5 s",
-     lambda d: d["figures"]["spark_dist Distributor"]["warm_median"], lambda v: v <= 0.5, seconds),
-    ("launch", "Launch, first run of the session <= 3.5 s",
-     lambda d: d["figures"]["spark_dist Distributor"]["first"], lambda v: v <= 3.5, seconds),
+    ("launch", "Launch of a trivial 2-rank job, warm median / the bare barrier stage's (same run) <= 1.4x",
+     lambda d: over_bare_stage(d, "warm_median"), lambda v: v <= 1.4, lambda v: f"{v:.2f}x"),
+    ("launch", "Launch, first run of the session / the bare barrier stage's warm median (same run) <= 10x",
+     lambda d: over_bare_stage(d, "first"), lambda v: v <= 10, lambda v: f"{v:.1f}x"),
     ("connect", "Launch through Spark Connect, PySpark TorchDistributor / spark_dist (warm) >= 10x",
      lambda d: d["ratios"]["warm_median"], lambda v: v >= 10, lambda v: f"{v:.1f}x"),
     ("horovod", "Horovod launch, `horovod.spark.run` / spark_dist (warm) >= 10x",
@@ -217,23 +223,23 @@ GOALS = [
      lambda d: ratio_pair(d, "spark_dist/torchrun")[0], lambda v: v >= 0.97, lambda v: f"{v:.3f}"),
     ("steady", "Horovod steps/s, spark_dist / horovodrun >= 0.97 (ratio of medians)",
      lambda d: ratio_pair(d, "spark_dist_horovod/horovodrun")[0], lambda v: v >= 0.97, lambda v: f"{v:.3f}"),
-    ("ml", "TorchEstimator: a session's first fit <= 6 s (median of 5 fresh sessions)",
-     lambda d: d["fit"]["first_fit_median"], lambda v: v <= 6, seconds),
+    ("step_clock", "Timing every step (stalls, stragglers, goodput) costs <= 1% of steps/s (ratio of medians)",
+     lambda d: d["ratio"], lambda v: v >= 0.99, lambda v: f"{v:.3f}"),
+    ("ml", "TorchEstimator: a session's first fit / the same training in pure torch, a fresh process <= 3x "
+     "(medians of 5 each, taking turns)",
+     lambda d: d["fit"]["first_fit_vs_pure_torch"], lambda v: v <= 3, lambda v: f"{v:.2f}x"),
     ("history", "The same first fit / the code when #17 was filed (`eee1b36`), same hour <= 0.72x",
      lambda d: d["ratio_of_medians"], lambda v: v <= 0.72, lambda v: f"{v:.2f}x"),
-    ("ml", "TorchEstimator: later fits <= 3 s (median)",
-     lambda d: d["fit"]["pipeline_median"], lambda v: v <= 3, seconds),
+    ("ml", "TorchEstimator: later fits / the same training's pure-torch loop <= 20x (medians, taking turns)",
+     lambda d: d["fit"]["later_fits_vs_pure_torch_loop"], lambda v: v <= 20, lambda v: f"{v:.1f}x"),
     ("history", "Later fits / `eee1b36`'s, same hour <= 0.93x",
      lambda d: d["later_ratio_of_medians"], lambda v: v <= 0.93, lambda v: f"{v:.2f}x"),
     ("ml", "TorchEstimator: held-out accuracy >= 0.93 (lowest of the fits)",
      lambda d: min(d["fit"]["held_out_accuracy"]), lambda v: v >= 0.93, lambda v: f"{v:.3f}"),
     ("ml", "TorchModel.transform >= 20x a row-by-row predictor",
      lambda d: d["transform"]["speedup"], lambda v: v >= 20, lambda v: f"{v:.1f}x"),
-    ("images", "Images (20k JPEGs, decode + augment, 2 workers): spark_dist loader / Petastorm >= 2x",
-     lambda d: image_size(d, 0)["ratios"]["spark_dist/petastorm"], lambda v: v >= 2, lambda v: f"{v:.2f}x"),
-    ("images", "Images: spark_dist loader / Mosaic Streaming >= 1x",
-     lambda d: image_size(d, 0)["ratios"]["spark_dist/mosaic"], lambda v: v >= 1, lambda v: f"{v:.2f}x"),
-    ("images", "Images: spark_dist loader >= 85% of a plain process pool of the same fn",
+    ("images", "Images (20k JPEGs, decode + augment, 2 workers): spark_dist loader >= 85% of the same fn in a plain "
+     "process pool (median per round)",
      lambda d: image_size(d, 0)["ratios"]["spark_dist/ceiling"], lambda v: v >= 0.85, lambda v: f"{v:.0%}"),
     ("images", "Images: the loader's peak memory growth (consumer + workers, PSS) < 512 MiB at both sizes",
      lambda d: max(s["ways"]["spark_dist"]["pss_growth_mib"] for s in d["sizes"]), lambda v: v < 512,
@@ -243,8 +249,9 @@ GOALS = [
      lambda v: f"{v:.2f}x"),
     ("inference", "predict_batch_udf, MLP on 1M rows x 32 floats: spark_dist / PySpark >= 1.5x",
      lambda d: d["workloads"]["mlp"]["ratio"], lambda v: v >= 1.5, lambda v: f"{v:.2f}x"),
-    ("inference", "predict_batch_udf, CNN on JPEG bytes: spark_dist / PySpark >= 1.5x",
-     lambda d: d["workloads"]["cnn"]["ratio"], lambda v: v >= 1.5, lambda v: f"{v:.2f}x"),
+    ("inference", "predict_batch_udf, CNN on JPEG bytes: spark_dist >= 90% of the same predict function over the "
+     "same batches in a plain process pool, no Spark (median over median)",
+     lambda d: d["workloads"]["cnn"]["spark_dist_of_ceiling"], lambda v: v >= 0.9, lambda v: f"{v:.0%}"),
     ("inference", "predict_batch_udf, transformers encoder on strings: spark_dist / PySpark >= 1x",
      lambda d: d["workloads"]["transformer"]["ratio"], lambda v: v >= 1, lambda v: f"{v:.2f}x"),
     ("checkpoints", "Checkpoint of a 100M-parameter FSDP2 model, 2 CPU ranks: async sharded stall / rank-0 save <= 0.2x",
@@ -282,7 +289,10 @@ def goals_table(results):
 
 # -- the sections ---------------------------------------------------------------------------------------------
 def launch_section(figures):
-    return per_line(launch_rows("bare barrier stage", "bare barrier stage (no sync)", "first run"), figures)
+    return per_line(launch_rows("bare barrier stage", "bare barrier stage (no sync)", "first run") + [
+        ("**spark_dist / the bare barrier stage's warm median: warm; first run** (goals <= 1.4x; <= 10x)",
+         lambda d: f"**{over_bare_stage(d, 'warm_median'):.2f}x; {over_bare_stage(d, 'first'):.1f}x**"),
+    ], figures)
 
 
 def connect_section(figures):
@@ -365,13 +375,29 @@ def ml_section(figures):
     transform = "spark_dist TorchModel.transform (pandas_udf)"
     row_by_row = "row-by-row rdd.mapPartitions (Horovod's way)"
     return per_line([
-        ("**a session's first fit** (median of 5 fresh sessions)",
-         lambda d: f"**{d['fit']['first_fit_median']:.2f} s**"),
+        ("a session's first fit (median of 5 fresh sessions)", fit("first_fit_median")),
         ("the 5 first fits", lambda d: ", ".join(f"{x:.2f}" for x in [d["fit"]["first_fit_seconds"]]
                                                  + d["fit"]["fresh_session_first_fits"])),
+        ("the floor: the same training in pure torch, a fresh process (median of the 5 beside them)",
+         fit("pure_torch_process_median")),
+        ("those 5 processes; their `import torch`",
+         lambda d: "{}; {}".format(*(", ".join(f"{f[k]:.2f}" for f in [d["fit"]["pure_torch"][0],
+                                                                      *d["fit"]["fresh_session_pure_torch"]])
+                                    for k in ("process_seconds", "import_seconds")))),
+        ("**first fit / the floor's process** (median over median; each pair's)",
+         lambda d: "**{:.2f}x** ({})".format(d["fit"]["first_fit_vs_pure_torch"],
+                                            ", ".join(f"{r:.1f}" for r in d["fit"]["first_fit_pair_ratios"]))),
+        ("first fit, opted in to `spark_dist_daemon` (median of 4 fresh sessions, taking turns with the above)",
+         fit("daemon_first_fit_median"), OPTIONAL),
         ("first fit, driver JVM started with a class-data-sharing archive (median; an option no longer shipped)",
          fit("archive_first_fit_median"), OPTIONAL),
         ("later fits (median; each writes its dataset cache)", fit("pipeline_median")),
+        ("the floor: the same training's pure-torch loop, after each later fit (median; each)",
+         lambda d: "{} ({})".format(seconds(d["fit"]["pure_torch_loop_median"]),
+                                    ", ".join(f"{f['loop_seconds']:.2f}" for f in d["fit"]["pure_torch"][1:]))),
+        ("**later fits / the floor's loop** (median over median; each pair's)",
+         lambda d: "**{:.1f}x** ({})".format(d["fit"]["later_fits_vs_pure_torch_loop"],
+                                            ", ".join(f"{r:.1f}" for r in d["fit"]["later_fit_pair_ratios"]))),
         ("the estimator again on a cached DataFrame (median)", fit("cache_reused_median")),
         ("held-out accuracy", lambda d: f"{min(d['fit']['held_out_accuracy']):.3f}-"
                                         f"{max(d['fit']['held_out_accuracy']):.3f}"),
@@ -380,6 +406,8 @@ def ml_section(figures):
          lambda d: f"{d['transform']['methods'][row_by_row]['rows_per_s']:,.0f}"),
         ("**transform / row by row**", lambda d: f"**{d['transform']['speedup']:.1f}x**"),
         ("a fresh `import torch` that day (the machine's speed)", fit("import_torch_seconds")),
+        ("load average of the machine before / after the run", lambda d: "{:.1f} / {:.1f}".format(*d["load_average"]),
+         OPTIONAL),
     ], figures)
 
 
@@ -488,12 +516,19 @@ def inference_rows():
             (f"{label}: PySpark rows/s; spark_dist rows/s",
              lambda d, name=name, way=way: "{:,.0f}; {:,.0f}".format(way(d, "pyspark")["rows_per_s"],
                                                                      way(d, "spark_dist")["rows_per_s"])),
-            (f"{label}: spark_dist / PySpark (median of rounds; each round's)",
+            (f"{label}: spark_dist / PySpark (ratio of medians; each round's)",
              lambda d, name=name: "{:.2f}x ({})".format(d["workloads"][name]["ratio"], ", ".join(
                  f"{r:.2f}" for r in d["workloads"][name]["round_ratios"]))),
+            (f"{label}: the ceiling (the same function over the same batches in `multiprocessing.Pool(2)`), rows/s",
+             lambda d, name=name, way=way: f"{way(d, 'ceiling')['rows_per_s']:,.0f}"),
+            (f"{label}: **spark_dist of the ceiling** (median over median; each round's); PySpark's",
+             lambda d, name=name: "**{:.0%}** ({}); {:.0%}".format(
+                 d["workloads"][name]["spark_dist_of_ceiling"],
+                 ", ".join(f"{r:.0%}" for r in d["workloads"][name]["spark_dist_of_ceiling_rounds"]),
+                 d["workloads"][name]["pyspark_of_ceiling"])),
             (f"{label}: the predict function alone, rows/s a core; forward share PySpark / spark_dist",
              lambda d, name=name, way=way: "{:,.0f}; {:.0%} / {:.0%}".format(
-                 d["workloads"][name]["ceiling_rows_per_s"], way(d, "pyspark")["forward_share"],
+                 d["workloads"][name]["alone_rows_per_s"], way(d, "pyspark")["forward_share"],
                  way(d, "spark_dist")["forward_share"])),
         ]
     rows.append(("load average of the machine before / after the run",
@@ -559,6 +594,16 @@ def chaos_section(figures):
     ] + [kind_row(kind) for kind in kinds], figures)
 
 
+def step_clock_section(figures):
+    return per_line([
+        ("steps of each kind (blocks of 10 taking turns)", lambda d: str(d["steps_each"])),
+        ("without the clock: median step, steps/s",
+         lambda d: f"{d['median_step_ms']['without']:.2f} ms, {d['median_steps_per_s']['without']:.1f}"),
+        ("with it", lambda d: f"{d['median_step_ms']['with']:.2f} ms, {d['median_steps_per_s']['with']:.1f}"),
+        ("**steps/s with / without** (goal >= 0.99)", lambda d: f"**{d['ratio']:.3f}**"),
+    ], figures)
+
+
 # (name, title, what it compares and its goal, the table)
 SECTIONS = [
     ("launch", "Launch", [
@@ -566,8 +611,15 @@ SECTIONS = [
         "First run: the launcher's first in the session (spark_dist runs first, so its first run also starts the "
         "executors' Python workers and their first `import torch`); warm: the median of the next 5.",
         "Anchor: PySpark's `TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)` (on the 4 line, "
-        "PySpark 4.3's own), and a bare barrier stage, the floor of any barrier-mode launcher. "
-        "Goals: warm <= 0.5 s, first run <= 3.5 s."], launch_section),
+        "PySpark 4.3's own), and a bare barrier stage (2 tasks that return at once; its warm median of 4, in the "
+        "same session before the launchers), the floor of any barrier-mode launcher.",
+        "Goals, as ratios to that floor's warm median in the same run (#57): warm <= 1.4x, first run <= 10x. They "
+        "were 0.5 s and 3.5 s: over the bare stage's 0.357 s on 2026-11-22, the day they were first measured, 1.40x "
+        "and 9.8x. The floor's warm median has moved between runs since (0.18-0.36 s), and the runs that met 0.5 s "
+        "measured 1.22x-1.57x. A first run is mostly the ranks' first `import torch` in the executors' new Python "
+        "workers, which the floor does not pay: its ratio moves with how fast the machine imports against how fast "
+        "Spark schedules (the two runs that met 3.5 s: 8.6x and 14.8x)."],
+     launch_section),
     ("connect", "Launch through Spark Connect", [
         "The same job from a Spark Connect client (`SparkSession.builder.remote(...)`, no JVM in the client): a "
         "Connect server (the pyspark 4.3 wheel's, started by `tests/connect_server.py`) in front of the same "
@@ -596,6 +648,12 @@ SECTIONS = [
         "One run per size: the small sizes are noisy.",
         "Goals: cache write <= 1.25x the plain write; time per row does not grow with size; one rank's loader "
         "grows < 256 MiB at 5M rows."], scaling_section),
+    ("step_clock", "Timing every step", [
+        "What the rank's step clock costs a steady loop (bench/bench_step_clock.py): bench_steady's MLP trained "
+        "in one process on in-memory batches handed through the loaders' `counted`, with the clock (a count in "
+        "the file the supervisor maps, each step's data wait and compute from `/proc/thread-self/schedstat`) and "
+        "without it, in blocks of 10 steps taking turns; the ratio of the median step times.",
+        "Anchor: the same loop without the clock. Goal: >= 0.99 of its steps/s."], step_clock_section),
     ("steady", "Steady state", [
         "One training loop under four launchers, 2 ranks on the 2 cores, gloo: an MLP 512-1024-1024-10 (1.59 M "
         "parameters), batch 128 per rank, SGD on one fixed in-memory batch (no loader: only what the launcher "
@@ -610,11 +668,35 @@ SECTIONS = [
         "timed is `fit()`. A session's first fit (a JVM that ran one job, no Python worker yet) in 5 fresh "
         "sessions; then later fits, each writing its dataset cache anew; then the estimator again on one "
         "DataFrame, whose cache is reused.",
+        "The floor of the fits: the same training in pure torch, no Spark (`bench_ml.py --pure-torch`): the same "
+        "model and initial weights, each fit's own training rows (collected after the fit), the same 15 epochs of "
+        "the same global batches (the 2 ranks' 32 rows as one batch of 64), the same learning-rate ramp and Adam "
+        "(torch's functional `adam`, as the ranks run it), in one process of one torch thread; a fresh such "
+        "process right after each fit and after each pair of fresh sessions, taking turns with them. Its whole "
+        "process up to the result (start, `import torch`, the loop) is a first fit's floor, whose ranks start "
+        "and import torch too; its loop alone is a later fit's, whose ranks fork from Python workers that "
+        "already hold torch.",
         "Anchor for inference: a row-by-row predictor the way Horovod's `TorchModel` transforms "
         "(`rdd.mapPartitions`, one forward pass per row); Horovod's estimator itself cannot run on this stack "
-        "(`horovod[spark]` needs pyarrow < 11). Goals (#17): first fit <= 6 s, later fits <= 3 s, held-out "
-        "accuracy >= 0.93, transform >= 20x row by row. Seconds follow the day's machine (the last row is its "
-        "gauge); the next section measures the first fit as a ratio."], ml_section),
+        "(`horovod[spark]` needs pyarrow < 11). Goals: held-out accuracy >= 0.93 and transform >= 20x row by "
+        "row (#17); the fits as ratios to their floor in the same run (#57): the first fit <= 3x the "
+        "floor's process, later fits <= 20x its loop. They are #17's 6 s and 3 s over the floor on this kind of "
+        "machine: the floor's process is a fresh `import torch` and 0.15-0.35 s more (the rows read and the loop, "
+        "which takes 0.12-0.26 s, in every run of 2026-11-29), so in the runs of 2026-11-26 that judged the "
+        "seconds (a fresh `import torch` 1.72 s on the 4 line, 1.90 s on 3.5) it was about 2.0 s, and 6 s about "
+        "3x it; 3 s is 20x a loop of 0.15 s. Measured so, those runs stand where their seconds put them: first "
+        "fits of 12.53 s and 10.61 s about 6.4x and 4.9x (missed), later fits of 2.12 s (4, met) and 3.37 s "
+        "(3.5, missed) about 14x and 22x. The runs below shared the 2 cores with other work (load average 3.7-6.4, "
+        "its row; the 4 line's first fits spread 8.9-21.9 s), so read each pair's ratio beside the medians.",
+        "The 3.5 line's first fit also carries a cost of PySpark 3.5's, not of spark_dist's: PySpark 3.5's SQL "
+        "runner gives its Python workers an environment of their own (`SPARK_SIMPLIFIED_TRACEBACK=1`) and Spark "
+        "keeps a daemon per environment, so the fit's `mapInArrow` launch starts a second Python daemon after the "
+        "one of the cache write (PySpark compiled from its zip again, then pandas imported in its Arrow worker). "
+        "Measured as 1.23x: a plain session's first fit on the 3.5 line against `cabc4da`, code that set "
+        "`spark_dist_daemon` in the session itself and launched through an RDD stage that reused the first "
+        "daemon's workers (docs/speedups.md). That ratio stays documented as PySpark 3.5's cost of a second "
+        "daemon, not as a goal; the 4 line does not pay it. The next section sets the first fit against the code "
+        "when #17 was filed, in the same hour."], ml_section),
     ("history", "Spark ML against the code when #17 was filed", [
         "The session's first fit of the Spark ML section, run by the code when #17 was filed (`eee1b36`, "
         "unpacked with `git archive`) and by this code, in fresh processes taking turns in the same hour, so "
@@ -641,10 +723,12 @@ SECTIONS = [
         "over the same bytes held in memory, in `multiprocessing.Pool(2).imap` (no reading, no shuffle). Text: "
         "30,000 made-up sentences, a BPE tokenizer trained on the fly with `tokenizers`, a transform that "
         "encodes, pads and stacks; against the same transform in a plain loop over the strings in memory.",
-        "Goals (#40): >= 2x Petastorm, >= 1x Mosaic, >= 85% of the ceiling; memory growth < 512 MiB whatever "
-        "the size. The ways load the 2 cores themselves (the load average row), and the ceiling's own rounds "
-        "move by up to 40% from one to the next, so read the ratios as rough. Petastorm's process pool already "
-        "reaches 79-104% of the ceiling here: 2x Petastorm would be above it."], images_section),
+        "Goals: >= 85% of the ceiling (#40, at the first size, median per round); memory growth < 512 MiB "
+        "whatever the size. The ratios to Petastorm and Mosaic are information, no longer goals (#57): #40 asked "
+        ">= 2x Petastorm and >= 1x Mosaic, but Petastorm's process pool already reaches 79-104% of the ceiling "
+        "here, so 2x Petastorm would be above the ceiling, which no loader of the same function on 2 cores can "
+        "pass. The ways load the 2 cores themselves (the load average row), and the ceiling's own rounds move by "
+        "up to 40% from one to the next, so read the ratios as rough."], images_section),
     ("inference", "Batch inference: predict_batch_udf against PySpark's", [
         "`local[2]`, each DataFrame cached in memory, each run `df.select(udf(col)).write.format(\"noop\")`; "
         "PySpark's `pyspark.ml.functions.predict_batch_udf` and spark_dist's with the same `make_predict_fn`, "
@@ -652,12 +736,18 @@ SECTIONS = [
         "2-conv CNN on 20,000 64x64 JPEGs decoded with PIL inside the predict function (batches of 128); a "
         "2-layer BERT encoder (hidden 64, built from a config) on 20,000 made-up sentences tokenized inside the "
         "predict function by a WordPiece tokenizer trained on the fly, returning the mean embedding (batches of "
-        "64). The predict function alone: the same function over the same inputs in memory, one process, a plain "
-        "loop; the forward share is the part of the 2 cores' time that it would need (rows / (2 x its rows/s) / "
-        "wall seconds).",
-        "Goals (#42): >= 1.5x PySpark's on the MLP and the CNN, never slower on the encoder. Where the predict "
-        "function is most of the work (the CNN's JPEG decoding, the encoder), neither UDF can go much past it: "
-        "the forward share shows how much room is left."], inference_section),
+        "64). The ceiling, a third way in each round: the same predict function over the same batches (the "
+        "DataFrame's rows held in the driver, cut as its 8 partitions and those into batches of the same size) "
+        "with no Spark, in `multiprocessing.Pool(2)` (a process per task slot, one torch thread each, the function "
+        "made and run once in each before the rounds, as the UDFs' workers load the model before them). The "
+        "predict function alone: the same function over the same inputs in memory, one process, a plain loop, "
+        "before the rounds; the forward share is the part of the 2 cores' time that it would need (rows / (2 x its "
+        "rows/s) / wall seconds).",
+        "Goals: >= 1.5x PySpark's on the MLP and never slower on the encoder (#42); on the CNN, >= 90% of the "
+        "ceiling (#57). #42 asked >= 1.5x PySpark's on the CNN too, but there the predict function (PIL decoding "
+        "the JPEGs, then the forward pass) is most of the work, and PySpark's UDF already reaches most of the "
+        "ceiling: 1.5x it would be above the ceiling, which no UDF of the same function on 2 cores can pass. Its "
+        "ratio to PySpark stays in the table, as information."], inference_section),
     ("tune", "Hyperparameter search: spark_dist.tune against MLflow's MlflowSparkStudy", [
         "The standalone cluster (2 slots), one objective, 16 trials a way: an MLP 32-h-h-1 (h and the SGD learning "
         "rate sampled by `RandomSampler(seed=0)`) trained 6 epochs on 16,000 in-memory rows made from a fixed seed, "
