@@ -225,13 +225,13 @@ GOALS = [
      lambda d: ratio_pair(d, "spark_dist_horovod/horovodrun")[0], lambda v: v >= 0.97, lambda v: f"{v:.3f}"),
     ("step_clock", "Timing every step (stalls, stragglers, goodput) costs <= 1% of steps/s (ratio of medians)",
      lambda d: d["ratio"], lambda v: v >= 0.99, lambda v: f"{v:.3f}"),
-    ("ml", "TorchEstimator: a session's first fit / the same training in pure torch, a fresh process <= 3x "
+    ("ml", "TorchEstimator: a session's first fit / the same training in pure torch, a fresh process <= 4.3x "
      "(medians of 5 each, taking turns)",
-     lambda d: d["fit"]["first_fit_vs_pure_torch"], lambda v: v <= 3, lambda v: f"{v:.2f}x"),
+     lambda d: d["fit"]["first_fit_vs_pure_torch"], lambda v: v <= 4.3, lambda v: f"{v:.2f}x"),
     ("history", "The same first fit / the code when #17 was filed (`eee1b36`), same hour <= 0.72x",
      lambda d: d["ratio_of_medians"], lambda v: v <= 0.72, lambda v: f"{v:.2f}x"),
-    ("ml", "TorchEstimator: later fits / the same training's pure-torch loop <= 20x (medians, taking turns)",
-     lambda d: d["fit"]["later_fits_vs_pure_torch_loop"], lambda v: v <= 20, lambda v: f"{v:.1f}x"),
+    ("ml", "TorchEstimator: later fits / the same training's pure-torch loop <= 25x (medians, taking turns)",
+     lambda d: d["fit"]["later_fits_vs_pure_torch_loop"], lambda v: v <= 25, lambda v: f"{v:.1f}x"),
     ("history", "Later fits / `eee1b36`'s, same hour <= 0.93x",
      lambda d: d["later_ratio_of_medians"], lambda v: v <= 0.93, lambda v: f"{v:.2f}x"),
     ("ml", "TorchEstimator: held-out accuracy >= 0.93 (lowest of the fits)",
@@ -679,15 +679,14 @@ SECTIONS = [
         "Anchor for inference: a row-by-row predictor the way Horovod's `TorchModel` transforms "
         "(`rdd.mapPartitions`, one forward pass per row); Horovod's estimator itself cannot run on this stack "
         "(`horovod[spark]` needs pyarrow < 11). Goals: held-out accuracy >= 0.93 and transform >= 20x row by "
-        "row (#17); the fits as ratios to their floor in the same run (#57): the first fit <= 3x the "
-        "floor's process, later fits <= 20x its loop. They are #17's 6 s and 3 s over the floor on this kind of "
-        "machine: the floor's process is a fresh `import torch` and 0.15-0.35 s more (the rows read and the loop, "
-        "which takes 0.12-0.26 s, in every run of 2026-11-29), so in the runs of 2026-11-26 that judged the "
-        "seconds (a fresh `import torch` 1.72 s on the 4 line, 1.90 s on 3.5) it was about 2.0 s, and 6 s about "
-        "3x it; 3 s is 20x a loop of 0.15 s. Measured so, those runs stand where their seconds put them: first "
-        "fits of 12.53 s and 10.61 s about 6.4x and 4.9x (missed), later fits of 2.12 s (4, met) and 3.37 s "
-        "(3.5, missed) about 14x and 22x. The runs below shared the 2 cores with other work (load average 3.7-6.4, "
-        "its row; the 4 line's first fits spread 8.9-21.9 s), so read each pair's ratio beside the medians.",
+        "row (#17); the fits as ratios to their floor in the same run (#57): the first fit <= 4.3x the floor's "
+        "process, later fits <= 25x its loop. They are #17's 6 s and 3 s over the floor of a quiet machine, as the "
+        "runs below measured it on 2026-11-29 (load average 1.1-2.5, a fresh `import torch` 1.1-1.2 s): the "
+        "floor's process 1.40 s (4) and 1.41 s (3.5), 6 s being 4.3x and 4.2x them; its loop 0.120 s and 0.118 s, "
+        "3 s being 25x both. Those runs' seconds and ratios agree: first fits of 7.95 s and 8.27 s, 5.7x and 5.9x, "
+        "missed; later fits of 2.00 s and less, 16x-17x, met. A slower day moves the seconds, and the floor "
+        "with them: in the runs of 2026-11-26, whose fresh `import torch` took 1.72-1.90 s, first fits took "
+        "10.61-12.53 s and later fits 2.12-3.37 s.",
         "The 3.5 line's first fit also carries a cost of PySpark 3.5's, not of spark_dist's: PySpark 3.5's SQL "
         "runner gives its Python workers an environment of their own (`SPARK_SIMPLIFIED_TRACEBACK=1`) and Spark "
         "keeps a daemon per environment, so the fit's `mapInArrow` launch starts a second Python daemon after the "
@@ -745,9 +744,12 @@ SECTIONS = [
         "rows/s) / wall seconds).",
         "Goals: >= 1.5x PySpark's on the MLP and never slower on the encoder (#42); on the CNN, >= 90% of the "
         "ceiling (#57). #42 asked >= 1.5x PySpark's on the CNN too, but there the predict function (PIL decoding "
-        "the JPEGs, then the forward pass) is most of the work, and PySpark's UDF already reaches most of the "
-        "ceiling: 1.5x it would be above the ceiling, which no UDF of the same function on 2 cores can pass. Its "
-        "ratio to PySpark stays in the table, as information."], inference_section),
+        "the JPEGs, then the forward pass) is most of the work, and PySpark's UDF already runs at about the "
+        "ceiling (93% and 103% of it below): 1.5x PySpark's would be far above the ceiling, which no UDF of the "
+        "same function on 2 cores can pass. Its ratio to PySpark stays in the table, as information. The pool "
+        "pays for its batches and predictions through pipes as a UDF's workers do through sockets, and its "
+        "rounds move by a few percent like the UDFs': a UDF can measure above it (the 3.5 line's CNN)."],
+     inference_section),
     ("tune", "Hyperparameter search: spark_dist.tune against MLflow's MlflowSparkStudy", [
         "The standalone cluster (2 slots), one objective, 16 trials a way: an MLP 32-h-h-1 (h and the SGD learning "
         "rate sampled by `RandomSampler(seed=0)`) trained 6 epochs on 16,000 in-memory rows made from a fixed seed, "
