@@ -11,6 +11,7 @@ are named first, with the line of their own code they wait in. ``spark.dist.stal
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -33,25 +34,27 @@ class RankStack:
     stack: str  # the supervisor's dump (or why there is none)
     nccl_trace: Optional[bytes] = field(default=None, repr=False)  # its Flight Recorder dump (ranks on GPUs)
 
+    @functools.cached_property
+    def frames(self) -> List[str]:
+        """The main thread's frames, innermost first (parsed once: grouping and naming ask often)."""
+        return main_thread_frames(self.stack)
+
     @property
     def frame(self) -> str:
         """The innermost frame of the main thread: where the rank waits."""
-        frames = main_thread_frames(self.stack)
-        return _short(frames[0]) if frames else "(no stack)"
+        return _short(self.frames[0]) if self.frames else "(no stack)"
 
     @property
     def waits_for_peers(self) -> bool:
         """The main thread's innermost frame is in a collective, or in a backward pass (DDP's all-reduce)."""
-        frames = main_thread_frames(self.stack)
-        return bool(frames) and _PEER_WAIT.search(frames[0]) is not None
+        return bool(self.frames) and _PEER_WAIT.search(self.frames[0]) is not None
 
     @property
     def own_frame(self) -> Optional[str]:
         """The innermost frame of the main thread in the user's own code (None: there is none, or it is the
         innermost frame itself)."""
-        frames = main_thread_frames(self.stack)
-        own = next((f for f in frames if not _LIBRARY.search(f)), None)
-        return None if own is None or own == frames[0] else _short(own)
+        own = next((f for f in self.frames if not _LIBRARY.search(f)), None)
+        return None if own is None or own == self.frames[0] else _short(own)
 
 
 @dataclass
