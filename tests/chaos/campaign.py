@@ -45,16 +45,18 @@ CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
 
 
 def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
-             elastic_kinds=()) -> List[Fault]:
+             elastic_kinds=(), transform_kinds=()) -> List[Fault]:
     """``count`` faults drawn from ``seed``: kind and workload (each of ``kinds`` against the ``ddp`` workload,
-    each of ``elastic_kinds`` against the ``elastic`` one; ``each_once``: every one of them once, in a drawn
+    each of ``elastic_kinds`` against the ``elastic`` one, each of ``transform_kinds`` against the ``transform``
+    one; ``each_once``: every one of them once, in a drawn
     order, ``count`` ignored), target rank, when (a fraction of the training time after the target started),
     and for a SIGSTOP that is continued, how long it holds: a stopped rank's, or, for the elastic workload's
     killed executor, its worker's (long enough that the retry starts on the slot left before the replacement
     comes: the retry waits for the failed attempt's tasks to end and the slot count to stand still for 2 s).
-    Without ``elastic_kinds`` a seed draws what it always drew."""
+    Without ``elastic_kinds`` and ``transform_kinds`` a seed draws what it always drew."""
     rng = random.Random(seed)
-    draws = [("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
+    draws = ([("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
+             + [("transform", kind) for kind in transform_kinds])
     order = rng.sample(draws, len(draws)) if each_once else [rng.choice(draws) for _ in range(count)]
     drawn = []
     for workload_name, kind in order:
@@ -146,13 +148,14 @@ class Campaign:
                         log_ranks="none", checkpoint_dir=ck_root, run_id=run_id,
                         min_processes=1 if fault.workload == "elastic" else None)
         injector = Injector(fault, beacons, run_dir, run_id, disk, self.cluster)
+        workers = 1 if fault.workload == "transform" else 0
         out, error, started = None, None, time.monotonic()
         told = invariants.Told()  # what the driver logs as it retries: each failed attempt, named
         logging.getLogger("spark_dist").addHandler(told)
         try:
             injector.start()
             try:
-                out = d.run(workload.train, beacons, self.epochs, self.step_s, datasets={"train": self.df})
+                out = d.run(workload.train, beacons, self.epochs, self.step_s, workers, datasets={"train": self.df})
             finally:
                 first_wall = time.monotonic() - started
                 injector.finish()
@@ -163,7 +166,7 @@ class Campaign:
             try:  # the same run_id again: it resumes from the interrupted one's checkpoint
                 out = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.bound(fault),
                                   verbose=False, log_ranks="none", checkpoint_dir=ck_root, run_id=run_id).run(
-                    workload.train, beacons, self.epochs, self.step_s, datasets={"train": self.df})
+                    workload.train, beacons, self.epochs, self.step_s, workers, datasets={"train": self.df})
             except BaseException as exc:  # noqa: BLE001
                 error = exc
             else:

@@ -3,7 +3,8 @@ its moment (a training step of the run's first attempt, as a fraction of all its
 training however fast the machine runs it), the kind from :data:`KINDS` (on any session of two slots: the suite
 runs them on ``local[2]``) or :data:`STANDALONE_KINDS` (on the standalone cluster of two workers of
 tests/clusters.py, whose ``StandaloneCluster`` the injector is given), and the workload it hits (``ddp``, or
-``elastic``: the same run with ``min_processes=1``). A fault waits for its target's beacon and rank 0's step
+``elastic``: the same run with ``min_processes=1``; ``transform``: the same run with a transform worker a rank,
+for :data:`TRANSFORM_KINDS`). A fault waits for its target's beacon and rank 0's step
 (tests/chaos/workload.py), acts, and records when it acted; a run that ended first leaves it unfired. Each kind
 also says which ending the docs promise for it (:class:`Ending`).
 
@@ -66,7 +67,7 @@ class Fault:
     rank: int
     at: float  # when: after this fraction of the first attempt's training steps
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
-    workload: str = "ddp"  # or "elastic": the same workload with min_processes=1
+    workload: str = "ddp"  # or "elastic" (the same workload with min_processes=1), or "transform" (workers=1)
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
     delay: float = 0.0  # about when ``at`` comes, in seconds after the rank started (for the run's bounds)
     fired_at: Optional[float] = None
@@ -75,7 +76,7 @@ class Fault:
     _stopped: list = field(default_factory=list, repr=False)
 
     def describe(self) -> str:
-        return (f"{'elastic ' if self.workload == 'elastic' else ''}{self.kind}(rank {self.rank}, after step "
+        return (f"{'' if self.workload == 'ddp' else self.workload + ' '}{self.kind}(rank {self.rank}, after step "
                 f"{self.step} of {self.steps}{f', hold {self.hold:.1f}s' if self.hold else ''})")
 
     @property
@@ -97,6 +98,9 @@ ENDINGS = {
     "stop_rank": lambda f: Ending(),
     "freeze_rank": lambda f: Ending(error="RunTimeoutError", rank_named=f.rank),
     "kill_worker": lambda f: Ending(),
+    # The rank raises a TransformError naming the worker, which fails the attempt; the retry resumes from the
+    # checkpoint with new workers, and the transform's seeds replay (docs/data.md): a success.
+    "kill_transform_worker": lambda f: Ending(),
     "delete_checkpoint": lambda f: Ending(),
     "truncate_checkpoint": lambda f: Ending(error="TrainingFailedError", cause="CheckpointReadError",
                                             may_succeed=True),
@@ -112,7 +116,9 @@ ENDINGS = {
     "decommission_worker": lambda f: Ending(preempted=True),
 }
 STANDALONE_KINDS = ("kill_executor", "decommission_worker")  # need the standalone cluster (Injector's cluster)
-KINDS = tuple(k for k in ENDINGS if k not in STANDALONE_KINDS)  # on any session of two slots (local[2])
+TRANSFORM_KINDS = ("kill_transform_worker",)  # need the transform workload's worker processes
+# On any session of two slots (local[2]), against the ddp workload.
+KINDS = tuple(k for k in ENDINGS if k not in STANDALONE_KINDS + TRANSFORM_KINDS)
 ELASTIC_KINDS = ("kill_executor",)  # the faults the elastic workload is run with
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
@@ -214,6 +220,24 @@ class Injector(threading.Thread):
         if self._signal(target["pid"], signal.SIGSTOP):
             self._fired()
             self.fault._stopped.append(target["pid"])
+
+    def _kill_transform_worker(self, target):
+        """SIGKILL to the target rank's transform worker (the interpreter it started, ``workers_main`` in its
+        command line: data/read/transform_process.py)."""
+        try:
+            children = psutil.Process(target["pid"]).children(recursive=True)
+        except psutil.Error:
+            return
+        for child in children:
+            try:
+                if "workers_main" in " ".join(child.cmdline()):
+                    child.kill()
+                    self._fired(f"transform worker {child.pid}")
+                    return
+            except psutil.Error:
+                continue
+        self.fault.problems.append(f"rank {self.fault.rank} had no transform worker process after step "
+                                   f"{self.fault.step} (the transform workload runs one a rank)")
 
     def _kill_worker(self, target):
         if self._signal(target["ppid"], signal.SIGKILL):

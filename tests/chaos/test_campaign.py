@@ -1,11 +1,11 @@
-"""The fault campaign in the suite: every fault kind once, in an order and at times drawn from a fixed seed,
-against the DDP workload; every run's invariants hold (tests/chaos/campaign.py says which). The kinds of
-:data:`faults.KINDS` run on the shared local[2] session; the standalone kinds (:data:`faults.STANDALONE_KINDS`: an
-executor JVM killed, a worker decommissioned) and the elastic workload (``min_processes=1``, its executor killed
-while its worker is held for seconds: the retry runs on the slot left, then grows back) on the standalone cluster
-of two workers, which each run leaves whole; the workload is shorter there (tests/chaos/workload.py), for the
-suite's time. ``make soak`` runs them long, with any seed (bench/bench_chaos.py, ``--cluster standalone`` for the
-standalone part)."""
+"""The fault campaign in the suite: every fault kind once, in an order and at times drawn from a fixed seed, against
+the DDP workload (a transform worker's kill against the same workload with a transform worker a rank); every run's
+invariants hold (tests/chaos/campaign.py says which). The kinds of :data:`faults.KINDS` run on the shared local[2]
+session; the standalone kinds (:data:`faults.STANDALONE_KINDS`: an executor JVM killed, a worker decommissioned)
+and the elastic workload (``min_processes=1``, its executor killed while its worker is held for seconds: the retry
+runs on the slot left, then grows back) on the standalone cluster of two workers, which each run leaves whole; the
+workload is shorter there (tests/chaos/workload.py), for the suite's time. ``make soak`` runs them long, with any
+seed (bench/bench_chaos.py, ``--cluster standalone`` for the standalone part)."""
 import os
 
 import pytest
@@ -31,11 +31,11 @@ def _fired_every_kind(campaign, kinds):
 def test_every_fault_kind_ends_as_documented_and_leaves_the_cluster_whole(spark_local, tmp_path):
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
     campaign = Campaign(spark_local, str(tmp_path), SEED)
-    for index, fault in enumerate(schedule(SEED, 0, kinds, each_once=True)):
+    for index, fault in enumerate(schedule(SEED, 0, kinds, each_once=True, transform_kinds=faults.TRANSFORM_KINDS)):
         campaign.run(index, REGRESSIONS.get(fault.kind, fault))
     found = campaign.violations() + campaign.finish()
     assert not found, "\n".join(found)
-    _fired_every_kind(campaign, kinds)
+    _fired_every_kind(campaign, [*kinds, *(f"transform/{k}" for k in faults.TRANSFORM_KINDS)])
 
 
 def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_standalone, standalone_cluster,

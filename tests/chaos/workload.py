@@ -1,10 +1,12 @@
 """The campaign's workload: DDP over a DataFrame through ``ctx.loader``, a checkpoint every few batches (mid-epoch,
 the loader's place in it), deterministic on CPU, so that every ending can be checked against a fault-free run:
 the final weights bit for bit, and the rows each epoch trained (each row carries its id). The same function is
-the campaign's two workloads: ``ddp`` (a fixed size) and ``elastic`` (run with ``min_processes=1``: an attempt
+the campaign's three workloads: ``ddp`` (a fixed size), ``elastic`` (run with ``min_processes=1``: an attempt
 may run on one rank, the rest of an epoch dealt out to it, and grow back to two at a checkpoint; see
-docs/elastic.md). Its length is the run's: ``epochs`` and ``step_s`` (a step's extra time), the defaults below
-unless a campaign gives others (:func:`steps` counts them).
+docs/elastic.md) and ``transform`` (``workers=1``: every batch passes through a transform worker process, whose
+transform changes nothing, so the run trains what ``ddp`` does: docs/data.md, "A transform in worker processes").
+Its length is the run's: ``epochs`` and ``step_s`` (a step's extra time), the defaults below unless a campaign
+gives others (:func:`steps` counts them).
 
 What the ranks leave for the campaign, in ``beacons`` (a directory on the driver's machine): each rank's pid and
 its parent's (the task's Python worker) as it starts an attempt, ``a<attempt>-r<rank>.json``; and rank 0's
@@ -56,7 +58,12 @@ def _beacon(beacons, ctx):
     os.replace(path + ".tmp", path)
 
 
-def train(beacons, epochs=EPOCHS, step_s=STEP_S):
+def unchanged(batch):
+    """The ``transform`` workload's transform: the batch as it came, through a worker process and back."""
+    return batch
+
+
+def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0):
     """The rank's function: returns (rank 0) the weights, each epoch's row ids as trained in the lineage that
     led to them (across attempts, from the checkpoints, whatever number of ranks each attempt had), the attempt
     that finished and its number of ranks."""
@@ -72,7 +79,8 @@ def train(beacons, epochs=EPOCHS, step_s=STEP_S):
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = ctx.loader("train", batch_size=BATCH, seed=7)
+    through_workers = {"transform": unchanged, "workers": workers} if workers else {}
+    loader = ctx.loader("train", batch_size=BATCH, seed=7, **through_workers)
     lineage = {}  # epoch -> row ids trained, every rank's, up to the last checkpoint (rank 0's copy counts)
     state = ctx.load_checkpoint()
     if state is not None:
