@@ -21,8 +21,9 @@ The parts of an attempt (:data:`PARTS`), in the order they happen:
 - ``teardown``: the end of rank 0's function (or the failure) -> the attempt's end, and the driver's own end of
   the run after the last attempt (unpickling the result, the summary).
 
-Goodput is training over the wall time. ``recovery_seconds`` (MLflow) is the whole cost of each failure: from
-the abort to the first step of the attempt after it.
+Where rank 0's clock was lost (its Python worker killed, and its supervisor with it), the lowest rank that told
+one stands in for it. Goodput is training over the wall time. ``recovery_seconds`` (MLflow) is the whole cost of
+each failure: from the abort to the first step of the attempt after it.
 """
 from __future__ import annotations
 
@@ -49,22 +50,26 @@ class AttemptTimes:
 
 def split(run_started: float, run_ended: float, attempts: List[AttemptTimes]) -> List[Dict[str, float]]:
     """A row per attempt: ``attempt``, ``world_size``, ``ending``, each of :data:`PARTS` in seconds, ``wall``
-    (their sum), ``goodput``, and ``first_step`` (time.time() of rank 0's first step; None: none)."""
+    (their sum), ``goodput``, and ``first_step`` (time.time() of rank 0's first step; None: none).
+
+    The parts add up to ``run_ended - run_started`` by construction: each attempt's moments are held in order
+    (a moment noted out of order, by another clock, is moved to its neighbour), and the ranks' own waits are cut
+    to the attempt's working time, the latest first, where a rank went on waiting after the driver saw the
+    attempt fail (a save blocked on the lost rank until it was stopped: that time is the next attempt's
+    recovery)."""
     rows, work_ended = [], run_started
     for i, times in enumerate(attempts):
         last = i == len(attempts) - 1
         parts = dict.fromkeys(PARTS, 0.0)
-        if i == 0:
-            parts["setup"] = times.queued_at - run_started
-        else:
-            parts["recovery"] = times.queued_at - work_ended
-        submitted = times.submitted_at or times.queued_at
-        parts["slots"] = submitted - times.queued_at
-        work_end = times.failed_at or _clock(times, 0, "function_end") or times.ended_at
-        all_in = _all_in(times) or work_end
-        all_in = min(max(all_in, submitted), work_end)
+        queued = max(times.queued_at, work_ended)
+        parts["setup" if i == 0 else "recovery"] = queued - work_ended
+        submitted = max(times.submitted_at or queued, queued)
+        parts["slots"] = submitted - queued
+        work_end = max(times.failed_at or _clock(times, _first_rank(times), "function_end") or times.ended_at,
+                       submitted)
+        all_in = min(max(_all_in(times) or work_end, submitted), work_end)
         parts["launch"] = all_in - submitted
-        rank0 = times.clocks.get(0, {})
+        rank0 = times.clocks.get(_first_rank(times), {})
         group = max(0.0, rank0.get("group_end", 0.0) - max(rank0.get("group_start", 0.0), all_in))
         data, stall = rank0.get("data_wait", 0.0), rank0.get("checkpoint_stall", 0.0)
         parts["process_group"], parts["data_wait"], parts["checkpoint_stall"] = group, data, stall
@@ -73,10 +78,15 @@ def split(run_started: float, run_ended: float, attempts: List[AttemptTimes]) ->
             waited = (data - rank0.get("data_wait_at_checkpoint", 0.0)) + \
                 (stall - rank0.get("checkpoint_stall_at_checkpoint", 0.0))
             parts["lost_work"] = max(0.0, work_end - since - waited)
-        busy = group + data + stall + parts["lost_work"]
-        parts["training"] = max(0.0, work_end - all_in - busy)
+        excess = sum(parts[p] for p in _WAITS) - (work_end - all_in)
+        for part in _WAITS:  # what a rank counted past the attempt's work: the latest kinds of wait first
+            cut = min(max(excess, 0.0), parts[part])
+            parts[part] -= cut
+            excess -= cut
+        parts["training"] = (work_end - all_in) - sum(parts[p] for p in _WAITS)
+        ended = max(times.ended_at, work_end)
         if times.ending == "succeeded" or last:
-            parts["teardown"] = times.ended_at - work_end + ((run_ended - times.ended_at) if last else 0.0)
+            parts["teardown"] = ended - work_end + (max(run_ended - ended, 0.0) if last else 0.0)
         parts = {k: round(max(v, 0.0), 3) for k, v in parts.items()}
         wall = round(sum(parts.values()), 3)
         rows.append({"attempt": times.attempt, "world_size": times.world_size, "ending": times.ending, **parts,
@@ -90,7 +100,7 @@ def recovery_seconds(attempts: List[AttemptTimes]) -> float:
     """Each failure's cost, summed: from the abort to rank 0's first step in the attempt after it."""
     total = 0.0
     for failed, nxt in zip(attempts, attempts[1:]):
-        first = _clock(nxt, 0, "first_step")
+        first = _clock(nxt, _first_rank(nxt), "first_step")
         if failed.failed_at and first:
             total += first - failed.failed_at
     return round(total, 3)
@@ -112,13 +122,22 @@ def line(rows: List[Dict[str, float]]) -> str:
             + (f"; {rest}" if rest else ""))
 
 
+# The parts taken out of an attempt's working time before its training, in the order they are cut where the
+# ranks' clocks count more than that time: a failure's lost work and a save or a batch still awaited when it came.
+_WAITS = ("lost_work", "checkpoint_stall", "data_wait", "process_group")
+
+
 def _clock(times: AttemptTimes, rank: int, name: str) -> float:
     return times.clocks.get(rank, {}).get(name, 0.0)
 
 
+def _first_rank(times: AttemptTimes) -> int:
+    """Rank 0, or where its clock was lost (its Python worker killed with its supervisor) the lowest rank that
+    told one: the ranks step together, so its times stand for rank 0's."""
+    return 0 if 0 in times.clocks or not times.clocks else min(times.clocks)
+
+
 def _all_in(times: AttemptTimes) -> Optional[float]:
-    """When the last rank entered its function (None: some rank never told)."""
-    starts = [c.get("function_start", 0.0) for c in times.clocks.values()]
-    if len(starts) < times.world_size or not all(starts):
-        return None
-    return max(starts)
+    """When the last rank entered its function, as far as the ranks that told their clocks say (None: none)."""
+    starts = [c.get("function_start", 0.0) for c in times.clocks.values() if c.get("function_start")]
+    return max(starts) if starts else None

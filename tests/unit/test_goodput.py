@@ -45,6 +45,32 @@ def test_a_rank_that_never_told_its_clock_leaves_the_time_to_launch_not_to_train
     assert set(PARTS) <= set(row)
 
 
+def test_rank_0s_clock_lost_with_its_python_worker_the_lowest_rank_left_stands_in():
+    # kill_worker in the fault campaign: rank 0's supervisor died with the Python worker, rank 1's told.
+    failed = AttemptTimes(0, 2, "failed", queued_at=0.0, submitted_at=0.0, ended_at=10.0, failed_at=9.0,
+                          clocks={1: clock(2.0, 0.5, 3.0, data=0.5, stall=0.1, last_checkpoint=7.0,
+                                           data_then=0.4, stall_then=0.1)})
+    [row] = split(0.0, 10.0, [failed])
+    assert row["launch"] == 2.0 and row["process_group"] == 0.5  # not 9 s of launch: rank 1 was training
+    assert row["lost_work"] == 1.9 and row["training"] == 9.0 - 2.0 - 0.5 - 0.5 - 0.1 - 1.9
+    assert row["wall"] == 10.0
+
+
+def test_the_parts_add_up_to_the_wall_time_when_a_rank_went_on_past_the_abort():
+    # Rank 0 blocked in a checkpoint save (a collective with the lost rank) from 2 s until the save gave up at 12 s:
+    # its clock counts 10 s of stall, 3 of them after the driver saw the failure at 9 s.
+    failed = AttemptTimes(0, 2, "failed", queued_at=0.0, submitted_at=0.0, ended_at=12.5, failed_at=9.0,
+                          clocks={0: clock(1.0, 0.0, 2.0, data=0.0, stall=10.0, last_checkpoint=12.0,
+                                           data_then=0.0, stall_then=10.0),
+                                  1: clock(1.0, 0.0, 2.0, data=0.0, stall=0.0)})
+    retried = AttemptTimes(1, 2, "succeeded", queued_at=12.5, submitted_at=12.5, ended_at=20.0,
+                           clocks={r: clock(13.0, 0.0, 14.0, data=0.0, stall=0.0, end=19.0) for r in (0, 1)})
+    first, second = split(0.0, 20.0, [failed, retried])
+    assert first["checkpoint_stall"] == 8.0 and first["training"] == 0.0 and first["lost_work"] == 0.0
+    assert first["wall"] == 9.0 and second["recovery"] == 3.5  # the abort at 9 s -> the retry queued at 12.5 s
+    assert first["wall"] + second["wall"] == 20.0
+
+
 def fails_once_after_a_checkpoint(steps=20, crash_at=14):
     """A step of 50 ms; a checkpoint after step 10; rank 1 of the first attempt dies after step 14."""
     import os
