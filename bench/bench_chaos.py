@@ -97,12 +97,13 @@ def start_session(master, app_name):
     return spark
 
 
-def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=()):
+def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=()):
     """The campaign's runs, printed as they end; ``(campaign, final violations)``."""
     extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
         campaign = Campaign(spark, root, args.seed, **extra)
-        drawn = schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds, transform_kinds=transform_kinds)
+        drawn = schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds, transform_kinds=transform_kinds,
+                         sharded_kinds=sharded_kinds)
         for index, fault in enumerate(drawn):
             record = campaign.run(index, fault)
             whole = "" if record.whole_after is None else f", whole again after {record.whole_after}s"
@@ -117,7 +118,7 @@ def run_local(args):
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
     spark = start_session("local[2]", "spark_dist soak")
     try:
-        return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS)
+        return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS, sharded_kinds=faults.SHARDED_KINDS)
     finally:
         spark.stop()
 

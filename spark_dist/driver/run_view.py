@@ -36,6 +36,8 @@ class RunView:
     def _on_report(self, record: Dict[str, Any]) -> None:
         if CHECKPOINT_KEY in record:  # rank 0 committed a sharded checkpoint (and removed some)
             done = record[CHECKPOINT_KEY]
+            if "kept" in done:  # every checkpoint rank 0 kept, an earlier run's under this run_id included
+                self.checkpoints = [{**c, "mode": done["mode"]} for c in done["kept"]]
             gone = set(done["removed"]) | {done["path"]}
             self.checkpoints = [c for c in self.checkpoints if c["path"] not in gone] + [
                 {k: done[k] for k in ("path", "seq", "metric", "score", "mode")}]

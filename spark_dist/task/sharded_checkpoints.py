@@ -52,6 +52,7 @@ class ShardedCheckpoints:
         self._committed_lock = threading.Lock()
         self._committed_seqs: set = set()
         self._retain: Optional[tuple] = None  # (keep, mode) asked with the last save
+        self._told_kept = False  # rank 0 told the driver every checkpoint it kept, those of earlier runs included
 
     # -- saving -----------------------------------------------------------------------------------------
     def save(self, state: Mapping[str, Any], *, async_save: bool = False, keep: Optional[int] = None,
@@ -155,8 +156,16 @@ class ShardedCheckpoints:
                 if n.isdigit() and int(n) < latest.seq and not os.path.exists(os.path.join(root, n, MARKER))]
         for path in removed + torn:
             shutil.rmtree(path, ignore_errors=True)
-        self._report({CHECKPOINT_KEY: {"path": latest.path, "seq": latest.seq, "metric": latest.metric,
-                                       "score": latest.score, "mode": mode, "removed": removed}})
+        told = {"path": latest.path, "seq": latest.seq, "metric": latest.metric, "score": latest.score, "mode": mode,
+                "removed": removed}
+        if not self._told_kept:
+            # The first commit of this process names every checkpoint kept: an earlier attempt's, or an earlier
+            # run's under the same run_id (interrupted, then run again), may hold the best. Later ones tell
+            # what changed, so a long run's reports stay small.
+            told["kept"] = [{"path": c.path, "seq": c.seq, "metric": c.metric, "score": c.score}
+                            for c in kept if c.seq in retained]
+            self._told_kept = True
+        self._report({CHECKPOINT_KEY: told})
 
     def _next_seq(self, group, metric: Optional[str], metrics: Mapping[str, Any]) -> tuple:
         """``(seq, score)`` of the next save, as rank 0 sees them: one past the highest numbered directory, and

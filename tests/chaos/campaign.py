@@ -33,7 +33,7 @@ from typing import List, Optional
 
 import psutil
 
-from chaos import faults, invariants, workload
+from chaos import faults, invariants, sharded_workload, workload
 from chaos.faults import Fault, Injector
 
 RSS_GROWTH_BOUND = 256 << 20
@@ -45,18 +45,18 @@ CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
 
 
 def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
-             elastic_kinds=(), transform_kinds=()) -> List[Fault]:
+             elastic_kinds=(), transform_kinds=(), sharded_kinds=()) -> List[Fault]:
     """``count`` faults drawn from ``seed``: kind and workload (each of ``kinds`` against the ``ddp`` workload,
     each of ``elastic_kinds`` against the ``elastic`` one, each of ``transform_kinds`` against the ``transform``
-    one; ``each_once``: every one of them once, in a drawn
+    one, each of ``sharded_kinds`` against the ``sharded`` one; ``each_once``: every one of them once, in a drawn
     order, ``count`` ignored), target rank, when (a fraction of the training time after the target started),
     and for a SIGSTOP that is continued, how long it holds: a stopped rank's, or, for the elastic workload's
     killed executor, its worker's (long enough that the retry starts on the slot left before the replacement
     comes: the retry waits for the failed attempt's tasks to end and the slot count to stand still for 2 s).
-    Without ``elastic_kinds`` and ``transform_kinds`` a seed draws what it always drew."""
+    Without the ``*_kinds`` of the other workloads a seed draws what it always drew."""
     rng = random.Random(seed)
     draws = ([("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
-             + [("transform", kind) for kind in transform_kinds])
+             + [("transform", kind) for kind in transform_kinds] + [("sharded", kind) for kind in sharded_kinds])
     order = rng.sample(draws, len(draws)) if each_once else [rng.choice(draws) for _ in range(count)]
     drawn = []
     for workload_name, kind in order:
@@ -101,22 +101,44 @@ class Campaign:
         if warm_up:
             self._fault_free()  # the session's first run warms its Python workers: it times nothing
         self.expected, self.base, self.span = self._fault_free()
+        self._sharded = None  # the sharded workload's fault-free run, made before its first fault
         # After these runs the driver has imported what any run does (torch among it), once, which is no growth.
         self.rss_start = psutil.Process().memory_info().rss
 
-    def _fault_free(self):
-        """A run without faults: its result, wall time, and rank 0's training time (from its start to its last
+    def _fault_free(self, sharded: bool = False):
+        """A run without faults (``sharded``: of the sharded workload, with ``"best"``, its best checkpoint's
+        weights, in its result): its result, wall time, and rank 0's training time (from its start to its last
         step), which places the faults."""
         from spark_dist import Distributor
 
         beacons = tempfile.mkdtemp(dir=self.root)
         started = time.monotonic()
-        out = Distributor(num_processes=RANKS, verbose=False, log_ranks="none").run(
-            workload.train, beacons, self.epochs, self.step_s, datasets={"train": self.df})
+        d = Distributor(num_processes=RANKS, verbose=False, log_ranks="none",
+                        checkpoint_dir=tempfile.mkdtemp(dir=self.root) if sharded else None)
+        out = d.run(*self._work(sharded, beacons, 0), datasets={"train": self.df})
         wall = time.monotonic() - started
+        if sharded:
+            out["best"] = sharded_workload.best_weights(d.best_checkpoint)
         with open(os.path.join(beacons, "steps")) as f:
             last = max(float(line.split()[3]) for line in f if line.strip())
         return out, wall, last - faults.beacon(beacons, 0)["time"]
+
+    def _work(self, sharded: bool, beacons: str, workers: int) -> tuple:
+        """The function a run of the workload runs, and its arguments."""
+        if sharded:
+            return sharded_workload.train, beacons, self.epochs, self.step_s
+        return workload.train, beacons, self.epochs, self.step_s, workers
+
+    def baseline(self, fault: Fault):
+        """``(result, wall time, training time)`` of the fault-free run ``fault``'s workload is held to."""
+        if fault.workload != "sharded":
+            return self.expected, self.base, self.span
+        if self._sharded is None:
+            before = psutil.Process().memory_info().rss
+            self._sharded = self._fault_free(sharded=True)
+            # What its first run imports (FSDP, DCP) the driver keeps once: no growth of the campaign's.
+            self.rss_start += psutil.Process().memory_info().rss - before
+        return self._sharded
 
     def bound(self, fault: Fault) -> float:
         """How long a run with ``fault`` may take: every attempt as long as a fault-free run (one more where a
@@ -126,12 +148,12 @@ class Campaign:
         if fault.kind == "freeze_rank":
             return self.timeout(fault) + 30
         attempts = MAX_RETRIES + 1 + (fault.workload == "elastic" or fault.ending().preempted)
-        return (self.base * attempts * (2 if fault.ending().rerun else 1) + fault.delay + fault.hold + 60
+        return (self.baseline(fault)[1] * attempts * (2 if fault.ending().rerun else 1) + fault.delay + fault.hold + 60
                 + CLUSTER_S.get(fault.kind, 0.0))
 
     def timeout(self, fault: Fault) -> float:
         """The run's ``timeout=``: a frozen rank must end it soon; any other hang ends at the bound."""
-        return self.base + fault.delay + 10 if fault.kind == "freeze_rank" else self.bound(fault)
+        return self.baseline(fault)[1] + fault.delay + 10 if fault.kind == "freeze_rank" else self.bound(fault)
 
     def run(self, index: int, fault: Fault) -> RunRecord:
         from spark_dist import Distributor
@@ -139,7 +161,8 @@ class Campaign:
         if fault.kind in faults.STANDALONE_KINDS and self.cluster is None:
             raise ValueError(f"{fault.describe()} needs the standalone cluster: Campaign(..., cluster=)")
         fault.steps = self.steps
-        fault.delay = round(fault.at * self.span, 2)
+        expected, _, span = self.baseline(fault)
+        fault.delay = round(fault.at * span, 2)
         beacons = tempfile.mkdtemp(dir=self.root)
         ck_root, disk = self._checkpoint_root(index, fault)
         run_id = f"chaos-{self.seed}-{index}"
@@ -148,25 +171,26 @@ class Campaign:
                         log_ranks="none", checkpoint_dir=ck_root, run_id=run_id,
                         min_processes=1 if fault.workload == "elastic" else None)
         injector = Injector(fault, beacons, run_dir, run_id, disk, self.cluster)
-        workers = 1 if fault.workload == "transform" else 0
+        work = self._work(fault.workload == "sharded", beacons, 1 if fault.workload == "transform" else 0)
         out, error, started = None, None, time.monotonic()
         told = invariants.Told()  # what the driver logs as it retries: each failed attempt, named
         logging.getLogger("spark_dist").addHandler(told)
         try:
             injector.start()
             try:
-                out = d.run(workload.train, beacons, self.epochs, self.step_s, workers, datasets={"train": self.df})
+                out = d.run(*work, datasets={"train": self.df})
             finally:
                 first_wall = time.monotonic() - started
                 injector.finish()
                 logging.getLogger("spark_dist").removeHandler(told)
         except BaseException as exc:  # noqa: BLE001 -- the ending under test (KeyboardInterrupt included)
             error = exc
+        finished = d  # the Distributor whose run ended it (the rerun's, after an interrupted run)
         if fault.ending().rerun and isinstance(error, KeyboardInterrupt):
             try:  # the same run_id again: it resumes from the interrupted one's checkpoint
-                out = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.bound(fault),
-                                  verbose=False, log_ranks="none", checkpoint_dir=ck_root, run_id=run_id).run(
-                    workload.train, beacons, self.epochs, self.step_s, workers, datasets={"train": self.df})
+                finished = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.bound(fault),
+                                       verbose=False, log_ranks="none", checkpoint_dir=ck_root, run_id=run_id)
+                out = finished.run(*work, datasets={"train": self.df})
             except BaseException as exc:  # noqa: BLE001
                 error = exc
             else:
@@ -177,7 +201,9 @@ class Campaign:
                            None if error is not None else invariants.recovery(beacons, fault, out["attempt"]),
                            events=[f"{e['event']} to {e['world_size']} ranks at attempt {e['attempt']} "
                                    f"({e['reason']})" for e in events])
-        record.violations += self._check(fault, out, error, wall, run_dir, beacons, events)
+        record.violations += self._check(fault, out, error, wall, run_dir, beacons, events, expected)
+        if error is None and fault.workload == "sharded":
+            record.violations += invariants.kept_the_best(out, expected, finished.best_checkpoint, run_dir)
         record.violations += invariants.time_accounted(d.goodput_rows, first_wall)
         if fault.ending().names_lost_rank and fault.fired_at is not None:
             record.violations += invariants.named_the_lost_rank(fault, told.messages)
@@ -224,7 +250,7 @@ class Campaign:
             subprocess.run(["umount", disk], check=True)
 
     def _check(self, fault: Fault, out, error, wall: float, run_dir: str, beacons: str,
-               events: List[dict]) -> List[str]:
+               events: List[dict], expected) -> List[str]:
         found = []
         promised = fault.ending()
         if wall > self.bound(fault):
@@ -234,7 +260,8 @@ class Campaign:
                     and not promised.may_succeed:
                 found.append(f"succeeded where the docs promise {promised.error}")
             shrunk = [e for e in events if e["world_size"] < RANKS]
-            found += invariants.same_training(out, self.expected, self.epochs, weights=not shrunk)
+            if fault.workload != "sharded":  # its own check: invariants.kept_the_best
+                found += invariants.same_training(out, expected, self.epochs, weights=not shrunk)
             if promised.preempted and fault.fired_at is not None:
                 found += invariants.went_on_after_a_preemption(out, events)
         elif fault.fired_at is None or type(error).__name__ != (promised.error or ""):

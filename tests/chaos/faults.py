@@ -4,9 +4,10 @@ training however fast the machine runs it), the kind from :data:`KINDS` (on any 
 runs them on ``local[2]``) or :data:`STANDALONE_KINDS` (on the standalone cluster of two workers of
 tests/clusters.py, whose ``StandaloneCluster`` the injector is given), and the workload it hits (``ddp``, or
 ``elastic``: the same run with ``min_processes=1``; ``transform``: the same run with a transform worker a rank,
-for :data:`TRANSFORM_KINDS`). A fault waits for its target's beacon and rank 0's step
-(tests/chaos/workload.py), acts, and records when it acted; a run that ended first leaves it unfired. Each kind
-also says which ending the docs promise for it (:class:`Ending`).
+for :data:`TRANSFORM_KINDS`; ``sharded``: FSDP2 with sharded keep-best checkpoints, for :data:`SHARDED_KINDS`).
+A fault waits for its target's beacon and rank 0's step (tests/chaos/workload.py), acts, and records when it
+acted; a run that ended first leaves it unfired. Each kind also says which ending the docs promise for it
+(:class:`Ending`).
 
 The standalone kinds, and what they do to the cluster:
 
@@ -67,7 +68,8 @@ class Fault:
     rank: int
     at: float  # when: after this fraction of the first attempt's training steps
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
-    workload: str = "ddp"  # or "elastic" (the same workload with min_processes=1), or "transform" (workers=1)
+    # or "elastic" (the same workload with min_processes=1), "transform" (workers=1), "sharded" (FSDP2 keep-best)
+    workload: str = "ddp"
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
     delay: float = 0.0  # about when ``at`` comes, in seconds after the rank started (for the run's bounds)
     fired_at: Optional[float] = None
@@ -120,6 +122,10 @@ TRANSFORM_KINDS = ("kill_transform_worker",)  # need the transform workload's wo
 # On any session of two slots (local[2]), against the ddp workload.
 KINDS = tuple(k for k in ENDINGS if k not in STANDALONE_KINDS + TRANSFORM_KINDS)
 ELASTIC_KINDS = ("kill_executor",)  # the faults the elastic workload is run with
+# The faults the sharded keep-best workload (tests/chaos/sharded_workload.py) is run with: those that stop a rank,
+# its Python worker or the driver mid-run, and the hostile client; each ends in a success with the fault-free
+# run's weights and best checkpoint.
+SHARDED_KINDS = ("kill_rank", "stop_rank", "kill_worker", "interrupt_driver", "hostile_client")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)

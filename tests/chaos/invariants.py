@@ -27,6 +27,33 @@ def same_training(out, expected, epochs: int, weights: bool = True) -> List[str]
     return found
 
 
+def kept_the_best(out, expected, best: Optional[str], run_dir: str) -> List[str]:
+    """The sharded keep-best workload's success: the fault-free run's final weights, and a ``best_checkpoint``
+    whose weights are the fault-free run's best checkpoint's (``expected["best"]``); every committed checkpoint
+    left in ``run_dir`` loads whole."""
+    from spark_dist.task.sharded_checkpoints import committed
+
+    from chaos import sharded_workload
+
+    found = same_training(out, expected, 0)
+    if best is None:
+        return found + ["Distributor.best_checkpoint is None after a run that saved sharded checkpoints"]
+    try:
+        weights = sharded_workload.best_weights(best)
+    except Exception as exc:  # noqa: BLE001
+        return found + [f"its best checkpoint {best} cannot be read: {type(exc).__name__}: {exc}"]
+    if any(not tensor.equal(weights[name]) for name, tensor in expected["best"].items()):
+        kept = [(c.seq, c.score) for c in committed(run_dir)]
+        found.append(f"its best checkpoint {best} holds other weights than the fault-free run's best (the "
+                     f"committed checkpoints left, with their scores: {kept})")
+    for c in committed(run_dir):
+        try:
+            sharded_workload.best_weights(c.path)
+        except Exception as exc:  # noqa: BLE001
+            found.append(f"its committed checkpoint {c.path} cannot be read: {type(exc).__name__}: {exc}")
+    return found
+
+
 def went_on_after_a_preemption(out, events: List[dict]) -> List[str]:
     """A run preempted mid-training went on in a new attempt, which is no retry: every attempt after the first
     has the driver's ``"preempted"`` (or, elastic, ``"resize"``) record. Its ranks held their training until they

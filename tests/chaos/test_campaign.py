@@ -1,9 +1,10 @@
 """The fault campaign in the suite: every fault kind once, in an order and at times drawn from a fixed seed, against
-the DDP workload (a transform worker's kill against the same workload with a transform worker a rank); every run's
-invariants hold (tests/chaos/campaign.py says which). The kinds of :data:`faults.KINDS` run on the shared local[2]
-session; the standalone kinds (:data:`faults.STANDALONE_KINDS`: an executor JVM killed, a worker decommissioned)
-and the elastic workload (``min_processes=1``, its executor killed while its worker is held for seconds: the retry
-runs on the slot left, then grows back) on the standalone cluster of two workers, which each run leaves whole; the
+the DDP workload (a transform worker's kill against the same workload with a transform worker a rank; an
+interrupted driver also against FSDP2 with sharded keep-best checkpoints); every run's invariants hold
+(tests/chaos/campaign.py says which). The kinds of :data:`faults.KINDS` run on the shared local[2] session; the
+standalone kinds (:data:`faults.STANDALONE_KINDS`: an executor JVM killed, a worker decommissioned) and the
+elastic workload (``min_processes=1``, its executor killed while its worker is held for seconds: the retry runs on
+the slot left, then grows back) on the standalone cluster of two workers, which each run leaves whole; the
 workload is shorter there (tests/chaos/workload.py), for the suite's time. ``make soak`` runs them long, with any
 seed (bench/bench_chaos.py, ``--cluster standalone`` for the standalone part)."""
 import os
@@ -17,8 +18,12 @@ from chaos.faults import Fault  # noqa: E402
 
 SEED = 20261129
 # Faults a soak found an invariant broken by, kept in place of the fixed seed's draw of their kind:
-# seed 1, run 45: a frozen rank 1 timed the run out, and the error named rank 0, which only waited for it.
-REGRESSIONS = {"freeze_rank": Fault("freeze_rank", rank=1, at=0.46)}
+# seed 1, run 45: a frozen rank 1 timed the run out, and the error named rank 0, which only waited for it;
+# the sharded workload's driver interrupted, the run_id run again: best_checkpoint named the best of the second
+# run's saves, not the better one the first had kept (invariants.kept_the_best).
+REGRESSIONS = {"freeze_rank": Fault("freeze_rank", rank=1, at=0.46),
+               "sharded/interrupt_driver": Fault("interrupt_driver", rank=1, at=0.5, workload="sharded")}
+SHARDED_KINDS = ("interrupt_driver",)  # the suite's sharded run; the soak draws all of faults.SHARDED_KINDS
 
 
 def _fired_every_kind(campaign, kinds):
@@ -31,11 +36,14 @@ def _fired_every_kind(campaign, kinds):
 def test_every_fault_kind_ends_as_documented_and_leaves_the_cluster_whole(spark_local, tmp_path):
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
     campaign = Campaign(spark_local, str(tmp_path), SEED)
-    for index, fault in enumerate(schedule(SEED, 0, kinds, each_once=True, transform_kinds=faults.TRANSFORM_KINDS)):
-        campaign.run(index, REGRESSIONS.get(fault.kind, fault))
+    drawn = schedule(SEED, 0, kinds, each_once=True, transform_kinds=faults.TRANSFORM_KINDS,
+                     sharded_kinds=SHARDED_KINDS)
+    for index, fault in enumerate(drawn):
+        campaign.run(index, REGRESSIONS.get(fault.label, fault))
     found = campaign.violations() + campaign.finish()
     assert not found, "\n".join(found)
-    _fired_every_kind(campaign, [*kinds, *(f"transform/{k}" for k in faults.TRANSFORM_KINDS)])
+    _fired_every_kind(campaign, [*kinds, *(f"transform/{k}" for k in faults.TRANSFORM_KINDS),
+                                 *(f"sharded/{k}" for k in SHARDED_KINDS)])
 
 
 def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_standalone, standalone_cluster,

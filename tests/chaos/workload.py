@@ -51,11 +51,28 @@ def dataset(spark):
         F.cos(F.col("id")).alias("y"))
 
 
-def _beacon(beacons, ctx):
+def beacon_of(beacons, ctx):
+    """The rank's beacon for this attempt: its pid, its parent's, its host and the time it started."""
     path = os.path.join(beacons, f"a{ctx.attempt}-r{ctx.rank}.json")
     with open(path + ".tmp", "w") as f:
         json.dump({"pid": os.getpid(), "ppid": os.getppid(), "host": ctx.host, "time": time.time()}, f)
     os.replace(path + ".tmp", path)
+
+
+def train_step(model, optimizer, batch) -> None:
+    """One optimizer step of the regression on ``batch``."""
+    from torch import nn
+
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["y"]).backward()
+    optimizer.step()
+
+
+def stepped(steps, ctx, epoch: int, at: int) -> None:
+    """Rank 0's line in ``steps`` for a step done (``steps``: its open file; None on the other ranks)."""
+    if steps is not None:
+        steps.write(f"{ctx.attempt} {epoch} {at} {time.time()}\n")
+        steps.flush()
 
 
 def unchanged(batch):
@@ -75,7 +92,7 @@ def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0):
 
     dist.init_process_group("gloo")
     ctx = get_context()
-    _beacon(beacons, ctx)
+    beacon_of(beacons, ctx)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -112,15 +129,11 @@ def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0):
         loader.set_epoch(epoch)
         for batch in loader:
             at = loader.state_dict()["batches"]
-            optimizer.zero_grad()
-            nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["y"]).backward()
-            optimizer.step()
+            train_step(model, optimizer, batch)
             pending.setdefault(epoch, []).extend(batch["id"].tolist())
             time.sleep(step_s)
             wait_for_notice()
-            if steps is not None:
-                steps.write(f"{ctx.attempt} {epoch} {at} {time.time()}\n")
-                steps.flush()
+            stepped(steps, ctx, epoch, at)
             if at % EVERY == 0:
                 settle()
                 ctx.save_checkpoint({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),

@@ -64,6 +64,19 @@ def test_without_any_finite_score_the_latest_are_kept_and_named(tmp_path):
     assert best_on_the_driver(reports).best_checkpoint == kept[-1].path
 
 
+def test_a_run_resumed_under_its_run_id_names_the_best_an_earlier_run_of_it_kept(tmp_path):
+    # The chaos campaign's sharded workload, its driver interrupted: the same run_id run again by a new
+    # Distributor, whose own saves all score worse than one the interrupted run committed.
+    save_scores(one_rank(tmp_path / "run", []), [NAN, 0.3, 0.5], "min", keep=2)
+    reports = []
+    save_scores(one_rank(tmp_path / "run", reports), [0.6, 0.4, 0.7], "min", keep=2)
+    kept = sharded_checkpoints.committed(str(tmp_path / "run"))
+    assert [(c.seq, c.score) for c in kept] == [(2, 0.3), (5, 0.4), (6, 0.7)]
+    d = best_on_the_driver(reports)
+    assert d.best_checkpoint == kept[0].path
+    assert [c["seq"] for c in d.checkpoints] == [2, 5, 6]
+
+
 @pytest.mark.parametrize("missing", ["time", "world_size"])
 def test_a_marker_missing_a_field_is_skipped_as_torn_with_a_warning(tmp_path, caplog, missing):
     reports = []
