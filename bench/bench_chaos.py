@@ -57,10 +57,12 @@ def figures(campaign, final, cluster="local"):
     wall = sum(r.wall for r in campaign.records)
     result = {
         "seed": campaign.seed, "runs": runs, "fault_free_seconds": round(campaign.base, 2),
+        "fault_free_sharded_seconds": round(campaign._sharded[1], 2) if campaign._sharded else None,
         "fired": sum(k["fired"] for k in by_kind.values()),
         "documented_percent": round(100.0 * sum(not r.violations for r in campaign.records) / max(runs, 1), 1),
         "violations": campaign.violations() + final, "by_kind": dict(sorted(by_kind.items())),
-        "goodput": round(len(succeeded) * campaign.base / wall, 3) if wall else None,
+        # The fault-free time of each success's workload (the sharded one's is its own), over every run's wall time.
+        "goodput": round(sum(campaign.baseline(r.fault)[1] for r in succeeded) / wall, 3) if wall else None,
         "median_wall_seconds": round(statistics.median(r.wall for r in campaign.records), 2) if runs else None,
         # The driver's memory after the two warm-up runs, then after each tenth of the campaign.
         "rss_start_mib": round(campaign.rss_start / 2**20, 1),

@@ -578,7 +578,9 @@ def chaos_section(figures):
             k = d["by_kind"][kind]
             p50, p95 = k["recovery_p50"], k["recovery_p95"]
             recovery = "" if p50 is None else f"; to the next step {p50:.2f} / {p95:.2f} s"
-            return f"{k['fired']} of {k['drawn']} fired, {k['documented']} as documented{recovery}"
+            whole = "" if k.get("whole_again_p50") is None else \
+                f"; whole again {k['whole_again_p50']:.1f} / {k['whole_again_p95']:.1f} s"
+            return f"{k['fired']} of {k['drawn']} fired, {k['documented']} as documented{recovery}{whole}"
         return (f"`{kind}`", pick, True)
 
     return per_line([
@@ -587,6 +589,8 @@ def chaos_section(figures):
         ("**invariants broken** (goal 0)", lambda d: f"**{len(d['violations'])}**"),
         ("a fault-free run; the median run of the campaign", lambda d: f"{d['fault_free_seconds']:.2f} s; "
                                                                       f"{d['median_wall_seconds']:.2f} s"),
+        ("a fault-free run of the sharded keep-best workload", lambda d: seconds(d["fault_free_sharded_seconds"]),
+         True),
         ("goodput (a fault-free run's time per success, over all runs' wall time)",
          lambda d: f"{d['goodput']:.2f}"),
         ("the driver's RSS after the warm-up runs, then after the last (goal: < 256 MiB more)",
@@ -803,16 +807,27 @@ SECTIONS = [
         "No anchor and no number set as a goal: what it checks is that a failure is reported within seconds, "
         "also while the peers block in a collective."], recovery_section),
     ("chaos", "Fault campaign (`make soak`)", [
-        "Faults drawn from a seed (kind, target rank, a time during training), each injected into a run of a DDP "
-        "workload on `local[2]` (`ctx.loader` over row ids, a checkpoint every 4 batches, `max_retries=2`); "
-        "after each run the invariants of `tests/chaos/campaign.py`: the documented ending within a bound, a "
-        "success with the weights of a fault-free run bit for bit and every row once per epoch, the committed "
-        "checkpoint readable, no rank process left; at the end a full-size run and the driver's RSS. Per kind: "
-        "faults that fired (a fault drawn after the run's end does not), runs without a broken invariant, and "
-        "the seconds from the fault to rank 0's next training step (p50 / p95).",
+        "Faults drawn from a seed (kind, target rank, a time during training), each injected into a run of a "
+        "workload on `local[2]`: DDP (`ctx.loader` over row ids, a checkpoint every 4 batches, `max_retries=2`); "
+        "`transform/`: the same with a transform worker a rank; `sharded/`: FSDP2 with async sharded "
+        "checkpoints kept by a score (`keep=2`, NaN and infinite scores among them). After each run the "
+        "invariants of `tests/chaos/campaign.py`: the documented ending within a bound, a success with the "
+        "weights of a fault-free run bit for bit and every row once per epoch (sharded: and a best checkpoint "
+        "with the fault-free run's best weights), the committed checkpoints readable, the time split adding up, "
+        "no rank process left; at the end a full-size run and the driver's RSS. Per kind: faults that fired (a "
+        "fault drawn after the run's end does not), runs without a broken invariant, and the seconds from the "
+        "fault to rank 0's next training step (p50 / p95).",
         "No anchor: the goals are 100% of runs as documented and no invariant broken. Not yet in the campaign "
-        "(issue #56): the elastic, FSDP2, tuning, TorchEstimator, Connect and HorovodRunner workloads, and the "
-        "standalone and two-host faults."], chaos_section),
+        "(issue #56): the tuning, TorchEstimator, Connect and HorovodRunner workloads, and the two-host "
+        "faults."], chaos_section),
+    ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
+        "The standalone cluster of two workers the script starts (tests/clusters.py), the DDP workload of 2 "
+        "epochs with longer steps, and the faults that take a JVM away: an executor killed "
+        "(`kill_executor`), a worker decommissioned (`decommission_worker`: a preemption notice, then a new "
+        "worker), and the elastic workload (`min_processes=1`) with its executor killed while the worker is "
+        "held for seconds. Besides the local campaign's invariants: after each run the cluster's master and "
+        "workers run and the driver counts its 2 task slots again (seconds to whole, p50 / p95).",
+        "No anchor: the goals are 100% of runs as documented and no invariant broken."], chaos_section),
 ]
 
 # `make mutants` (setup.cfg's [mutmut]): what the unit tests catch of the pure modules, before and after the tests
@@ -929,7 +944,9 @@ def page(results=RESULTS):
         plots = [os.path.join(ROOT, d["plot"]) for d in figures.values()
                  if d.get("plot") and os.path.exists(os.path.join(ROOT, d["plot"]))]
         shown.update(paths + plots)
-        out += [f"## {title} (`make bench-{name}`, `bench/bench_{name}.py`)", ""]
+        script = name.split("-")[0]  # chaos-standalone: bench_chaos.py's other cluster, its command in the title
+        out += [f"## {title} (" + (f"`make bench-{name}`, " if script == name else "") + f"`bench/bench_{script}.py`)",
+                ""]
         for paragraph in prose:
             out += [paragraph, ""]
         out += render(figures) + ["", "Measured:"] + sources(paths + plots, results) + [""]
