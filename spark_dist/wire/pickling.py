@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
 from contextlib import contextmanager
 from typing import Any, Dict, Iterable, Iterator
 
@@ -20,8 +21,10 @@ def _is_local(module) -> bool:
 
 def local_modules(objects: Iterable[Any]) -> Iterator[Any]:
     """The not-installed modules defining these objects or their classes (and, for a torch module, those
-    of its submodules), each once."""
-    seen = set()
+    of its submodules), each once; and the not-installed modules those use (a module, a function or a class of
+    another of the user's files that one imported): a function pickled by value takes the globals it names
+    along, and one from a module left by reference would not be found where that module is not importable."""
+    seen, found = set(), []
     for obj in objects:
         # torch as far as it is imported: another thread may be importing it right now (an object that is an
         # nn.Module was made once torch was whole).
@@ -29,11 +32,21 @@ def local_modules(objects: Iterable[Any]) -> Iterator[Any]:
         parts = list(obj.modules()) if isinstance(module_type, type) and isinstance(obj, module_type) else [obj]
         for part in parts:
             for owner in (type(part), part):
-                name = getattr(owner, "__module__", None) or ""
-                module = sys.modules.get(name)
-                if name not in seen and _is_local(module):
-                    seen.add(name)
-                    yield module
+                _add(sys.modules.get(getattr(owner, "__module__", None) or ""), seen, found)
+    for module in found:  # grows as it goes: what each local module uses, until no new one comes
+        for value in list(vars(module).values()):
+            owner = value if callable(value) else type(value)  # a function or class, else what it is made of
+            used = value if isinstance(value, types.ModuleType) else sys.modules.get(
+                getattr(owner, "__module__", None) or "")
+            _add(used, seen, found)
+    yield from found
+
+
+def _add(module, seen: set, found: list) -> None:
+    name = getattr(module, "__name__", "")
+    if name not in seen and _is_local(module):
+        seen.add(name)
+        found.append(module)
 
 
 # Runs started from threads pickle at once, and cloudpickle's registry is global: a module stays registered
