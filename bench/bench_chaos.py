@@ -57,7 +57,9 @@ def figures(campaign, final, cluster="local"):
     wall = sum(r.wall for r in campaign.records)
     result = {
         "seed": campaign.seed, "runs": runs, "fault_free_seconds": round(campaign.base, 2),
-        "fault_free_sharded_seconds": round(campaign._sharded[1], 2) if campaign._sharded else None,
+        "fault_free_sharded_seconds": round(campaign.baselines["sharded"][1], 2) if "sharded" in campaign.baselines
+        else None,
+        "fault_free_study_seconds": round(campaign.baselines["tune"][1], 2) if "tune" in campaign.baselines else None,
         "fired": sum(k["fired"] for k in by_kind.values()),
         "documented_percent": round(100.0 * sum(not r.violations for r in campaign.records) / max(runs, 1), 1),
         "violations": campaign.violations() + final, "by_kind": dict(sorted(by_kind.items())),
@@ -99,13 +101,13 @@ def start_session(master, app_name):
     return spark
 
 
-def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=()):
+def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=(), tune_kinds=()):
     """The campaign's runs, printed as they end; ``(campaign, final violations)``."""
     extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
         campaign = Campaign(spark, root, args.seed, **extra)
         drawn = schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds, transform_kinds=transform_kinds,
-                         sharded_kinds=sharded_kinds)
+                         sharded_kinds=sharded_kinds, tune_kinds=tune_kinds)
         for index, fault in enumerate(drawn):
             record = campaign.run(index, fault)
             whole = "" if record.whole_after is None else f", whole again after {record.whole_after}s"
@@ -120,7 +122,8 @@ def run_local(args):
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
     spark = start_session("local[2]", "spark_dist soak")
     try:
-        return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS, sharded_kinds=faults.SHARDED_KINDS)
+        return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS, sharded_kinds=faults.SHARDED_KINDS,
+                    tune_kinds=faults.TUNE_KINDS)
     finally:
         spark.stop()
 

@@ -33,7 +33,7 @@ from typing import List, Optional
 
 import psutil
 
-from chaos import faults, invariants, sharded_workload, workload
+from chaos import faults, invariants, sharded_workload, tune_workload, workload
 from chaos.faults import Fault, Injector
 
 RSS_GROWTH_BOUND = 256 << 20
@@ -45,10 +45,11 @@ CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
 
 
 def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
-             elastic_kinds=(), transform_kinds=(), sharded_kinds=()) -> List[Fault]:
+             elastic_kinds=(), transform_kinds=(), sharded_kinds=(), tune_kinds=()) -> List[Fault]:
     """``count`` faults drawn from ``seed``: kind and workload (each of ``kinds`` against the ``ddp`` workload,
     each of ``elastic_kinds`` against the ``elastic`` one, each of ``transform_kinds`` against the ``transform``
-    one, each of ``sharded_kinds`` against the ``sharded`` one; ``each_once``: every one of them once, in a drawn
+    one, each of ``sharded_kinds`` against the ``sharded`` one, each of ``tune_kinds`` against a trial of the
+    ``tune`` one; ``each_once``: every one of them once, in a drawn
     order, ``count`` ignored), target rank, when (a fraction of the training time after the target started),
     and for a SIGSTOP that is continued, how long it holds: a stopped rank's, or, for the elastic workload's
     killed executor, its worker's (long enough that the retry starts on the slot left before the replacement
@@ -56,7 +57,8 @@ def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
     Without the ``*_kinds`` of the other workloads a seed draws what it always drew."""
     rng = random.Random(seed)
     draws = ([("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
-             + [("transform", kind) for kind in transform_kinds] + [("sharded", kind) for kind in sharded_kinds])
+             + [("transform", kind) for kind in transform_kinds] + [("sharded", kind) for kind in sharded_kinds]
+             + [("tune", kind) for kind in tune_kinds])
     order = rng.sample(draws, len(draws)) if each_once else [rng.choice(draws) for _ in range(count)]
     drawn = []
     for workload_name, kind in order:
@@ -66,7 +68,8 @@ def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
             hold = round(rng.uniform(0.5, 3.0), 1)
         elif workload_name == "elastic" and kind == "kill_executor":
             hold = round(rng.uniform(5.0, 8.0), 1)
-        drawn.append(Fault(kind, rank=rank, at=at, hold=hold, workload=workload_name))
+        trial = rng.randrange(tune_workload.TRIALS) if workload_name == "tune" else 0
+        drawn.append(Fault(kind, rank=rank, at=at, hold=hold, workload=workload_name, trial=trial))
     return drawn
 
 
@@ -101,7 +104,7 @@ class Campaign:
         if warm_up:
             self._fault_free()  # the session's first run warms its Python workers: it times nothing
         self.expected, self.base, self.span = self._fault_free()
-        self._sharded = None  # the sharded workload's fault-free run, made before its first fault
+        self.baselines = {}  # the sharded and tune workloads' fault-free runs, each made before its first fault
         # After these runs the driver has imported what any run does (torch among it), once, which is no growth.
         self.rss_start = psutil.Process().memory_info().rss
 
@@ -119,9 +122,7 @@ class Campaign:
         wall = time.monotonic() - started
         if sharded:
             out["best"] = sharded_workload.best_weights(d.best_checkpoint)
-        with open(os.path.join(beacons, "steps")) as f:
-            last = max(float(line.split()[3]) for line in f if line.strip())
-        return out, wall, last - faults.beacon(beacons, 0)["time"]
+        return out, wall, _span(beacons)
 
     def _work(self, sharded: bool, beacons: str, workers: int) -> tuple:
         """The function a run of the workload runs, and its arguments."""
@@ -130,15 +131,38 @@ class Campaign:
         return workload.train, beacons, self.epochs, self.step_s, workers
 
     def baseline(self, fault: Fault):
-        """``(result, wall time, training time)`` of the fault-free run ``fault``'s workload is held to."""
-        if fault.workload != "sharded":
+        """``(result, wall time, training time)`` of the fault-free run ``fault``'s workload is held to (the tune
+        workload's: the study's :func:`tune_workload.outcome`, the study's wall time, a trial's training time)."""
+        if fault.workload not in ("sharded", "tune"):
             return self.expected, self.base, self.span
-        if self._sharded is None:
+        if fault.workload not in self.baselines:
             before = psutil.Process().memory_info().rss
-            self._sharded = self._fault_free(sharded=True)
-            # What its first run imports (FSDP, DCP) the driver keeps once: no growth of the campaign's.
+            self.baselines[fault.workload] = (self._fault_free(sharded=True) if fault.workload == "sharded"
+                                              else self._fault_free_study())
+            # What its first run imports (FSDP and DCP, Optuna) the driver keeps once: no growth of the campaign's.
             self.rss_start += psutil.Process().memory_info().rss - before
-        return self._sharded
+        return self.baselines[fault.workload]
+
+    def _study(self, root: str, ck_root: Optional[str] = None, timeout: Optional[float] = None):
+        """A study of the tune workload, its trials' beacons under ``root``: ``(study, error)``."""
+        from spark_dist.tune import optimize
+
+        study = tune_workload.study()
+        try:
+            optimize(study, tune_workload.objective_for(root, self.epochs, self.step_s), tune_workload.TRIALS,
+                     num_processes=RANKS, metric=tune_workload.METRIC, max_concurrent=1, max_retries=MAX_RETRIES,
+                     run_timeout=timeout, checkpoint_dir=ck_root, datasets={"train": self.df})
+        except BaseException as exc:  # noqa: BLE001 -- the ending under test
+            return study, exc
+        return study, None
+
+    def _fault_free_study(self):
+        root = tempfile.mkdtemp(dir=self.root)
+        started = time.monotonic()
+        study, error = self._study(root)
+        if error is not None:
+            raise error
+        return tune_workload.outcome(study), time.monotonic() - started, _span(tune_workload.trial_beacons(root, 0))
 
     def bound(self, fault: Fault) -> float:
         """How long a run with ``fault`` may take: every attempt as long as a fault-free run (one more where a
@@ -160,6 +184,8 @@ class Campaign:
 
         if fault.kind in faults.STANDALONE_KINDS and self.cluster is None:
             raise ValueError(f"{fault.describe()} needs the standalone cluster: Campaign(..., cluster=)")
+        if fault.workload == "tune":
+            return self._run_study(index, fault)
         fault.steps = self.steps
         expected, _, span = self.baseline(fault)
         fault.delay = round(fault.at * span, 2)
@@ -209,6 +235,49 @@ class Campaign:
             record.violations += invariants.named_the_lost_rank(fault, told.messages)
         record.violations += fault.problems
         self._release(fault, disk)
+        record.whole_after, whole = self._whole_again()
+        record.violations += whole
+        record.rss_mib = round(psutil.Process().memory_info().rss / 2**20, 1)
+        self.records.append(record)
+        return record
+
+    def _run_study(self, index: int, fault: Fault) -> RunRecord:
+        """A study of the tune workload with ``fault`` in its trial ``fault.trial``; its invariants: it ends
+        within its bound as the fault-free study did (each trial's parameters, state and values), no rank left
+        in any trial, no lane's job left running."""
+        expected, _, span = self.baseline(fault)
+        fault.steps = self.steps
+        fault.delay = round(fault.at * span, 2)  # into the target trial's training, which starts after the others'
+        root = tempfile.mkdtemp(dir=self.root)
+        ck_root = os.path.join(self.root, f"ck-{index}")
+        os.makedirs(ck_root, mode=0o700)
+        target = tune_workload.trial_beacons(root, fault.trial)
+        os.makedirs(target)
+        injector = Injector(fault, target, ck_root, "", None, self.cluster)
+        started = time.monotonic()
+        injector.start()
+        try:
+            study, error = self._study(root, ck_root, timeout=self.bound(fault))
+        finally:
+            wall = time.monotonic() - started
+            injector.finish()
+        got = tune_workload.outcome(study)
+        states = sorted({t[1] for t in got})
+        ending = type(error).__name__ if error is not None else \
+            "study: " + ", ".join(f"{sum(t[1] == s for t in got)} {s}" for s in states)
+        attempts = [int(n[1:].split("-")[0]) for n in os.listdir(target) if n.startswith("a") and n.endswith(".json")]
+        record = RunRecord(index, fault, ending, round(wall, 2), round(self.bound(fault), 1),
+                           invariants.recovery(target, fault, max(attempts, default=0)))
+        if wall > self.bound(fault):
+            record.violations.append(f"took {wall:.1f}s, over its bound of {self.bound(fault):.1f}s")
+        if error is not None:
+            record.violations.append(f"the study ended with {type(error).__name__}: {str(error)[:300]}"
+                                     f"{invariants.raised_at(error)}")
+        record.violations += tune_workload.same_study(got, expected)
+        for name in sorted(os.listdir(root)):
+            record.violations += invariants.no_rank_left(os.path.join(root, name), fault)
+        record.violations += invariants.no_job_left(self.spark)
+        record.violations += fault.problems
         record.whole_after, whole = self._whole_again()
         record.violations += whole
         record.rss_mib = round(psutil.Process().memory_info().rss / 2**20, 1)
@@ -290,6 +359,13 @@ class Campaign:
     def violations(self) -> List[str]:
         return [f"seed {self.seed}, run {r.index}: {r.fault.describe()} ended {r.ending}: {v}"
                 for r in self.records for v in r.violations]
+
+
+def _span(beacons: str) -> float:
+    """Rank 0's training time in the run that left ``beacons``: from its start to its last step."""
+    with open(os.path.join(beacons, "steps")) as f:
+        last = max(float(line.split()[3]) for line in f if line.strip())
+    return last - faults.beacon(beacons, 0)["time"]
 
 
 def _ending(out, error) -> str:

@@ -68,8 +68,10 @@ class Fault:
     rank: int
     at: float  # when: after this fraction of the first attempt's training steps
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
-    # or "elastic" (the same workload with min_processes=1), "transform" (workers=1), "sharded" (FSDP2 keep-best)
+    # or "elastic" (the same workload with min_processes=1), "transform" (workers=1), "sharded" (FSDP2 keep-best),
+    # "tune" (a study; the fault hits its trial number ``trial``)
     workload: str = "ddp"
+    trial: int = 0
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
     delay: float = 0.0  # about when ``at`` comes, in seconds after the rank started (for the run's bounds)
     fired_at: Optional[float] = None
@@ -78,8 +80,10 @@ class Fault:
     _stopped: list = field(default_factory=list, repr=False)
 
     def describe(self) -> str:
-        return (f"{'' if self.workload == 'ddp' else self.workload + ' '}{self.kind}(rank {self.rank}, after step "
-                f"{self.step} of {self.steps}{f', hold {self.hold:.1f}s' if self.hold else ''})")
+        workload = "" if self.workload == "ddp" else f"{self.workload} "
+        trial = f"trial {self.trial} " if self.workload == "tune" else ""
+        return (f"{workload}{self.kind}({trial}rank {self.rank}, after step {self.step} of {self.steps}"
+                f"{f', hold {self.hold:.1f}s' if self.hold else ''})")
 
     @property
     def label(self) -> str:
@@ -126,6 +130,9 @@ ELASTIC_KINDS = ("kill_executor",)  # the faults the elastic workload is run wit
 # its Python worker or the driver mid-run, and the hostile client; each ends in a success with the fault-free
 # run's weights and best checkpoint.
 SHARDED_KINDS = ("kill_rank", "stop_rank", "kill_worker", "interrupt_driver", "hostile_client")
+# The faults a tuning study's trial (tests/chaos/tune_workload.py) is run with: a rank killed or stopped, its
+# lane's Python worker killed; the trial is retried on a new lane and the study ends as the fault-free one did.
+TUNE_KINDS = ("kill_rank", "stop_rank", "kill_worker")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)

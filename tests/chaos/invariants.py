@@ -149,6 +149,19 @@ def no_rank_left(beacons: str, fault: Fault) -> List[str]:
     return found
 
 
+def no_job_left(spark, within: float = 10.0) -> List[str]:
+    """No Spark job of the session still runs ``within`` seconds after a study (its lanes end with it)."""
+    import time
+
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + within
+    while tracker.getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = tracker.getActiveJobsIds()
+    return [f"Spark jobs {sorted(left)} still ran {within:.0f}s after the study ended (a lane left running)"] \
+        if left else []
+
+
 def recovery(beacons: str, fault: Fault, final_attempt: int) -> Optional[float]:
     """Seconds from the fault to training again: to the first step of the attempt that finished the run, when
     the fault cost an attempt (an elastic run's: of the first attempt after it, which may have run on fewer

@@ -1,12 +1,13 @@
 """The fault campaign in the suite: every fault kind once, in an order and at times drawn from a fixed seed, against
 the DDP workload (a transform worker's kill against the same workload with a transform worker a rank; an
-interrupted driver also against FSDP2 with sharded keep-best checkpoints); every run's invariants hold
-(tests/chaos/campaign.py says which). The kinds of :data:`faults.KINDS` run on the shared local[2] session; the
-standalone kinds (:data:`faults.STANDALONE_KINDS`: an executor JVM killed, a worker decommissioned) and the
-elastic workload (``min_processes=1``, its executor killed while its worker is held for seconds: the retry runs on
-the slot left, then grows back) on the standalone cluster of two workers, which each run leaves whole; the
-workload is shorter there (tests/chaos/workload.py), for the suite's time. ``make soak`` runs them long, with any
-seed (bench/bench_chaos.py, ``--cluster standalone`` for the standalone part)."""
+interrupted driver also against FSDP2 with sharded keep-best checkpoints, a lane's Python worker killed under a
+tuning study's trial); every run's invariants hold (tests/chaos/campaign.py says which). The kinds of
+:data:`faults.KINDS` run on the shared local[2] session; the standalone kinds (:data:`faults.STANDALONE_KINDS`: an
+executor JVM killed, a worker decommissioned) and the elastic workload (``min_processes=1``, its executor killed
+while its worker is held for seconds: the retry runs on the slot left, then grows back) on the standalone cluster
+of two workers, which each run leaves whole; the workload is shorter there (tests/chaos/workload.py), for the
+suite's time. ``make soak`` runs them long, with any seed (bench/bench_chaos.py, ``--cluster standalone`` for the
+standalone part)."""
 import os
 
 import pytest
@@ -23,7 +24,8 @@ SEED = 20261129
 # run's saves, not the better one the first had kept (invariants.kept_the_best).
 REGRESSIONS = {"freeze_rank": Fault("freeze_rank", rank=1, at=0.46),
                "sharded/interrupt_driver": Fault("interrupt_driver", rank=1, at=0.5, workload="sharded")}
-SHARDED_KINDS = ("interrupt_driver",)  # the suite's sharded run; the soak draws all of faults.SHARDED_KINDS
+# The suite's runs of the sharded and tune workloads; the soak draws all of faults.SHARDED_KINDS and TUNE_KINDS.
+SHARDED_KINDS, TUNE_KINDS = ("interrupt_driver",), ("kill_worker",)
 
 
 def _fired_every_kind(campaign, kinds):
@@ -37,13 +39,13 @@ def test_every_fault_kind_ends_as_documented_and_leaves_the_cluster_whole(spark_
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
     campaign = Campaign(spark_local, str(tmp_path), SEED, warm_up=False)  # the shared session's workers are warm
     drawn = schedule(SEED, 0, kinds, each_once=True, transform_kinds=faults.TRANSFORM_KINDS,
-                     sharded_kinds=SHARDED_KINDS)
+                     sharded_kinds=SHARDED_KINDS, tune_kinds=TUNE_KINDS)
     for index, fault in enumerate(drawn):
         campaign.run(index, REGRESSIONS.get(fault.label, fault))
     found = campaign.violations() + campaign.finish()
     assert not found, "\n".join(found)
     _fired_every_kind(campaign, [*kinds, *(f"transform/{k}" for k in faults.TRANSFORM_KINDS),
-                                 *(f"sharded/{k}" for k in SHARDED_KINDS)])
+                                 *(f"sharded/{k}" for k in SHARDED_KINDS), *(f"tune/{k}" for k in TUNE_KINDS)])
 
 
 def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_standalone, standalone_cluster,

@@ -75,15 +75,21 @@ def stepped(steps, ctx, epoch: int, at: int) -> None:
         steps.flush()
 
 
+def weight_score(model) -> float:
+    """The sum of the model's absolute weights: a number its training decides bit for bit."""
+    return float(sum(p.detach().abs().sum() for p in model.parameters()))
+
+
 def unchanged(batch):
     """The ``transform`` workload's transform: the batch as it came, through a worker process and back."""
     return batch
 
 
-def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0):
+def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0, lr=0.01, report=None):
     """The rank's function: returns (rank 0) the weights, each epoch's row ids as trained in the lineage that
     led to them (across attempts, from the checkpoints, whatever number of ranks each attempt had), the attempt
-    that finished and its number of ranks."""
+    that finished and its number of ranks. ``lr``: Adam's learning rate; ``report``: a metric name rank 0
+    reports at each epoch's end with the epoch, its value :func:`weight_score` (the tuning workload's)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -95,7 +101,7 @@ def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0):
     beacon_of(beacons, ctx)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     through_workers = {"transform": unchanged, "workers": workers} if workers else {}
     loader = ctx.loader("train", batch_size=BATCH, seed=7, **through_workers)
     lineage = {}  # epoch -> row ids trained, every rank's, up to the last checkpoint (rank 0's copy counts)
@@ -138,6 +144,8 @@ def train(beacons, epochs=EPOCHS, step_s=STEP_S, workers=0):
                 settle()
                 ctx.save_checkpoint({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                                      "loader": loader.state_dict(), "lineage": lineage})
+        if report is not None and ctx.rank == 0:
+            ctx.report(epoch=epoch, **{report: weight_score(model.module)})
     settle()
     weights = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
     return {"weights": weights, "lineage": lineage, "attempt": ctx.attempt, "world_size": ctx.world_size}
