@@ -69,7 +69,7 @@ class Fault:
     at: float  # when: after this fraction of the first attempt's training steps
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
     # or "elastic" (the same workload with min_processes=1), "transform" (workers=1), "sharded" (FSDP2 keep-best),
-    # "tune" (a study; the fault hits its trial number ``trial``)
+    # "tune" (a study; the fault hits its trial number ``trial``), "connect" (the DDP one through Spark Connect)
     workload: str = "ddp"
     trial: int = 0
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)

@@ -26,6 +26,7 @@ REGRESSIONS = {"freeze_rank": Fault("freeze_rank", rank=1, at=0.46),
                "sharded/interrupt_driver": Fault("interrupt_driver", rank=1, at=0.5, workload="sharded")}
 # The suite's runs of the sharded and tune workloads; the soak draws all of faults.SHARDED_KINDS and TUNE_KINDS.
 SHARDED_KINDS, TUNE_KINDS = ("interrupt_driver",), ("kill_worker",)
+CONNECT_KINDS = ("kill_rank", "kill_worker", "interrupt_driver")  # the DDP workload through Spark Connect
 
 
 def _fired_every_kind(campaign, kinds):
@@ -66,3 +67,16 @@ def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_s
     assert runs["kill_executor"].ending != "success (attempt 0)", runs["kill_executor"]
     assert any(e.startswith("preempted") for e in runs["decommission_worker"].events), runs["decommission_worker"]
     assert runs["elastic/kill_executor"].ending != "success (attempt 0)", runs["elastic/kill_executor"]
+
+
+def test_faults_under_spark_connect_end_as_documented(spark_connect, tmp_path):
+    # The DDP workload through a Spark Connect client (Spark 4 line): the store in the first task, the reports
+    # at the job's end. A killed rank and a killed Python worker are retried; an interrupted client, run again
+    # under its run_id, resumes.
+    campaign = Campaign(spark_connect, str(tmp_path), SEED, warm_up=False)
+    for index, fault in enumerate(schedule(SEED, 0, CONNECT_KINDS, each_once=True)):
+        fault.workload = "connect"
+        campaign.run(index, fault)
+    found = campaign.violations() + campaign.finish()
+    assert not found, "\n".join(found)
+    _fired_every_kind(campaign, [f"connect/{k}" for k in CONNECT_KINDS])
