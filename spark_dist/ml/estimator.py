@@ -58,6 +58,11 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
       N x learningRate, reached by a linear ramp from learningRate over the first ``warmupEpochs`` epochs
       (default 1; 0 for none). Turn it off to use ``learningRate`` as is. With one process nothing changes.
     - ``verbose``: print each epoch's metrics on the driver (default off; ``model.history`` has them).
+    - ``maxRetries`` (default 0): with ``n > 0`` the fit checkpoints at each epoch's end (model, optimizer, history:
+      rank 0's, in the run's checkpoint directory, removed once the fit succeeded) and a fit that lost a rank, an
+      executor or a Python worker is retried up to ``n`` times (``Distributor``'s ``max_retries`` rule), each
+      retry going on from the last epoch that ended: the fitted model is the one an uninterrupted fit gives, bit
+      for bit on CPU.
 
     In ``CrossValidator`` / ``TrainValidationSplit``, each fit is one barrier job holding ``numProcesses``
     task slots; with ``parallelism=n`` the fits run at once, as many as the slots hold, the others waiting
@@ -82,7 +87,8 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
                  labelCol="label", predictionCol="prediction", rawPredictionCol="rawPrediction", batchSize=32,
                  epochs=10, learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, seed=None,
                  validationFraction=0.0, validationCol=None, scaleLearningRate=True, warmupEpochs=1.0,
-                 verbose=False, transformFn=None, inferenceTransformFn=None, transformWorkers=0):
+                 verbose=False, transformFn=None, inferenceTransformFn=None, transformWorkers=0,
+                 maxRetries=0):
         super().__init__()
         self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -91,7 +97,8 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
                   labelCol="label", predictionCol="prediction", rawPredictionCol="rawPrediction", batchSize=32,
                   epochs=10, learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, seed=None,
                   validationFraction=0.0, validationCol=None, scaleLearningRate=True, warmupEpochs=1.0,
-                  verbose=False, transformFn=None, inferenceTransformFn=None, transformWorkers=0):
+                  verbose=False, transformFn=None, inferenceTransformFn=None, transformWorkers=0,
+                  maxRetries=0):
         """Set the given Params (only those passed; ``None`` leaves a Param as it is)."""
         return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
 
@@ -228,9 +235,10 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
             epochs=self.getEpochs(), learning_rate=self.getLearningRate(),
             scale_learning_rate=self.getScaleLearningRate(), warmup_epochs=self.getWarmupEpochs(),
             backend=backend, use_gpu=self.getUseGpu(), seed=self.getSeed(), has_validation="val" in handles,
-            path=path["ranks"], transformed=fn is not None, transform_workers=self.getTransformWorkers())
+            path=path["ranks"], transformed=fn is not None, transform_workers=self.getTransformWorkers(),
+            resumable=self.getMaxRetries() > 0)
         distributor = Distributor(num_processes=self.getNumProcesses(), backend=backend, use_gpu=self.getUseGpu(),
-                                  verbose=self.getVerbose(), spark=spark)
+                                  verbose=self.getVerbose(), spark=spark, max_retries=self.getMaxRetries())
         # With MLflow in use the fit is one MLflow run: the estimator's params and the model; the training run
         # logs into it (its per-epoch reports: the history's metrics at their epochs).
         tracker = Tracker(f"{self.uid}-fit", {**{p.name: v for p, v in self.extractParamMap().items()
@@ -260,4 +268,3 @@ class TorchEstimator(Estimator, TorchParams, TorchPersistence):
         model._history = list(result["history"])
         model._num_features, model._num_outputs = width, outputs
         return model
-

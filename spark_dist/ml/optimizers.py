@@ -29,10 +29,24 @@ _STEP_DTYPE = {False: torch.float32, True: torch.float64}
 
 class _Functional:
     """What the training loop uses of a torch.optim optimizer: ``param_groups[0]["lr"]``, ``zero_grad()`` (to
-    ``None``, torch's default) and ``step()``."""
+    ``None``, torch's default), ``step()``, and ``state_dict()`` / ``load_state_dict()`` for checkpoints."""
 
     def __init__(self, parameters: Iterable, lr: float):
         self.param_groups: List[Dict] = [{"params": list(parameters), "lr": float(lr)}]
+        self.state: Dict[torch.Tensor, tuple] = {}  # per parameter, what its kernel keeps between steps
+
+    def state_dict(self) -> Dict:
+        """What a checkpoint keeps to go on exactly: the learning rate and each parameter's state, by the
+        parameter's place (a copy)."""
+        params = self.param_groups[0]["params"]
+        return {"lr": self.param_groups[0]["lr"],
+                "state": {i: tuple(t.clone() for t in self.state[p]) for i, p in enumerate(params) if p in self.state}}
+
+    def load_state_dict(self, saved: Dict) -> None:
+        """Go on from :meth:`state_dict` of an optimizer of the same parameters."""
+        params = self.param_groups[0]["params"]
+        self.param_groups[0]["lr"] = saved["lr"]
+        self.state = {params[i]: tuple(t.clone() for t in kept) for i, kept in saved["state"].items()}
 
     def zero_grad(self) -> None:
         for p in self.param_groups[0]["params"]:
@@ -63,8 +77,7 @@ class Adam(_Functional):
     def __init__(self, parameters: Iterable, lr: float, weight_decay: float = 0.0, decoupled: bool = False):
         super().__init__(parameters, lr)
         self.weight_decay = weight_decay
-        self._kernel = adamw if decoupled else adam
-        self.state: Dict[torch.Tensor, tuple] = {}  # (exp_avg, exp_avg_sq, step), made at a parameter's first step
+        self._kernel = adamw if decoupled else adam  # its state: (exp_avg, exp_avg_sq, step), from a first step
 
     def _state_of(self, param) -> tuple:
         if param not in self.state:

@@ -180,6 +180,11 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
         Params._dummy(), "transformWorkers",
         "worker processes per training process that run transformFn (0: in the loader's thread)",
         typeConverter=_int_at_least("transformWorkers", 0, " (0 runs the transform in the loader's thread)"))
+    maxRetries: "Param[int]" = Param(
+        Params._dummy(), "maxRetries",
+        "retries of the fit after a rank, executor or Python worker was lost, each going on from the last epoch "
+        "that ended (a checkpoint at each epoch's end; 0: none)",
+        typeConverter=_int_at_least("maxRetries", 0, " (0: the fit fails with its first lost rank)"))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -187,7 +192,7 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
         self._setDefault(
             featuresCol="features", loss="cross_entropy", optimizer="adam", batchSize=32, epochs=10,
             learningRate=1e-3, numProcesses=1, backend="ddp", useGpu=False, validationFraction=0.0,
-            scaleLearningRate=True, warmupEpochs=1.0, verbose=False, transformWorkers=0,
+            scaleLearningRate=True, warmupEpochs=1.0, verbose=False, transformWorkers=0, maxRetries=0,
             seed=zlib.crc32(type(self).__name__.encode()))
 
     # -- getters ------------------------------------------------------------------------------------------
@@ -248,6 +253,9 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
     def getTransformWorkers(self) -> int:
         return self.getOrDefault(self.transformWorkers)
 
+    def getMaxRetries(self) -> int:
+        return self.getOrDefault(self.maxRetries)
+
     def featureColumns(self) -> List[str]:
         """``featuresCol`` as a list of column names."""
         value = self.getFeaturesCol()
@@ -277,6 +285,9 @@ class TorchParams(HasTorchFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPred
 
     def setTransformWorkers(self, value: int):
         return self._set(transformWorkers=value)
+
+    def setMaxRetries(self, value: int):
+        return self._set(maxRetries=value)
 
 
 __all__ = ["TorchParams", "HasTorchFeaturesCol", "LOSSES", "OPTIMIZERS", "BACKENDS", "OBJECT_PARAMS"]

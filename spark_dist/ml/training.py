@@ -37,6 +37,8 @@ class TrainSpec:
     # columns into the model's input (spark_dist.ml.transforms), in this many loader workers per rank.
     transformed: bool = False
     transform_workers: int = 0
+    # maxRetries > 0: rank 0 checkpoints at each epoch's end and every rank of a retry goes on from it.
+    resumable: bool = False
 
 
 def learning_rate_at(step: int, base: float, world_size: int, warmup_steps: int, scale: bool) -> float:
@@ -170,7 +172,6 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
     from spark_dist.ml.transforms import forward
 
     ctx = get_context()
-    torch.manual_seed(spec.seed % (2 ** 63) + ctx.rank)  # dropout and friends differ per rank; weights start equal
     device = ctx.device
     objects = torch.load(io.BytesIO(spec.objects), map_location="cpu", weights_only=False)
     module = objects["model"].to(device)
@@ -211,12 +212,19 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
     if spec.loss != "callable":  # a callable gets the loader's default: int64 for integer labels, else float32
         dtypes[spec.label_column] = torch.int64 if spec.loss == "cross_entropy" else torch.float32
     history: List[Dict[str, Any]] = []
-    step = 0
+    step = first_epoch = 0
+    saved = ctx.load_checkpoint() if spec.resumable else None
+    if saved is not None:  # a retry: go on after the last epoch that ended, as the uninterrupted fit would
+        module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        history, step, first_epoch = saved["history"], saved["step"], saved["epoch"] + 1
     loaders: Dict[str, Any] = {}
     try:
         loaders = _loaders(ctx, spec, objects, dtypes)
         loader = loaders["train"]
-        for epoch in range(spec.epochs):
+        for epoch in range(first_epoch, spec.epochs):
+            # Dropout and friends differ per rank and epoch, and an epoch draws the same after a retry.
+            torch.manual_seed((spec.seed + 1_000_003 * epoch) % (2 ** 63) + ctx.rank)
             model.train()
             loader.set_epoch(epoch)
             warmup_steps = int(round(spec.warmup_epochs * len(loader)))
@@ -244,6 +252,9 @@ def train_ranks(spec: TrainSpec) -> Optional[Dict[str, Any]]:
             history.append(record)
             if ctx.rank == 0:
                 ctx.report(**record)
+            if spec.resumable:
+                ctx.save_checkpoint({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "history": history, "step": step, "epoch": epoch})
     finally:
         for each in loaders.values():
             getattr(each, "close", lambda: None)()  # a transform's worker processes

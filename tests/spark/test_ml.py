@@ -421,6 +421,8 @@ def test_bad_param_values_are_named():
         TorchEstimator(model="not a module")
     with pytest.raises(ConfigError, match="validationFraction=1.5"):
         TorchEstimator().setValidationFraction(1.5)
+    with pytest.raises(ConfigError, match="maxRetries=-1"):
+        TorchEstimator(maxRetries=-1)
 
 
 def test_transform_refuses_an_existing_output_column(spark_local):

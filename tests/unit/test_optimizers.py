@@ -1,5 +1,7 @@
 """spark_dist.ml.optimizers: the estimator's optimizers by name on CPU, torch's functional ones, update weights exactly
 as torch.optim's classes do; which path a fit takes (spark_dist.ml.training.training_path)."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,14 +13,22 @@ TORCH_OPTIM = {"adam": lambda p, lr: torch.optim.Adam(p, lr=lr), "adamw": lambda
                "sgd": lambda p, lr: torch.optim.SGD(p, lr=lr)}
 
 
-def trained_weights(make_optimizer_of, steps=60):
+def trained_weights(make_optimizer_of, steps=60, resume_at=None):
     """A small model trained from the same start on the same batches, the learning rate changed between steps
-    as the estimator's warm-up changes it, and its last layer left out of every fifth step (no gradient)."""
+    as the estimator's warm-up changes it, and its last layer left out of every fifth step (no gradient).
+    ``resume_at``: after that step, the model and optimizer go on from a copy of their state dicts, in new
+    objects, as a fit retried from its checkpoint does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4), torch.nn.Linear(4, 4))
     optimizer = make_optimizer_of(model.parameters(), 0.01)
     batches = torch.Generator().manual_seed(1)
     for step in range(steps):
+        if step == resume_at:
+            saved = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            model = torch.nn.Sequential(*(copy.deepcopy(layer) for layer in model))
+            model.load_state_dict(saved["model"])
+            optimizer = make_optimizer_of(model.parameters(), 0.5)
+            optimizer.load_state_dict(saved["optimizer"])
         for group in optimizer.param_groups:
             group["lr"] = 0.01 * (1 + step % 3)
         x, y = torch.randn(8, 16, generator=batches), torch.randint(0, 4, (8,), generator=batches)
@@ -35,6 +45,12 @@ def test_each_name_trains_bit_for_bit_as_torch_optim_does(name):
     start = trained_weights(TORCH_OPTIM[name], steps=0)
     assert not torch.equal(ours, start)  # it trained
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", sorted(optimizers.BY_NAME))
+def test_each_goes_on_from_its_state_dict_bit_for_bit(name):
+    assert torch.equal(trained_weights(optimizers.BY_NAME[name], resume_at=23),
+                       trained_weights(optimizers.BY_NAME[name]))
 
 
 def test_the_estimator_takes_them_only_for_named_optimizers_on_cpu_replicas():
