@@ -60,8 +60,11 @@ class TrialRun(Distributor):
             return
         step = step_of(record, tracking._STEP_KEYS, self.steps)
         self.last_value = value
-        if self.steps and step <= self.steps[-1]:  # Optuna keeps the first value of a step
-            step = self.steps[-1] + 1
+        if step in self.steps:
+            # A retry going over its epochs again from a checkpoint (the same values), or a report repeating its
+            # step: Optuna keeps a step's first value (trial.report ignores another), and the pruner has judged
+            # it. Moved to a step of its own, it would put one epoch's value at another's.
+            return
         self.steps.append(step)
         self.trial.report(value, step)
         if self.trial.should_prune():

@@ -74,3 +74,17 @@ def test_a_local_mode_trial_stops_at_once_though_its_ranks_never_report():
     with pytest.raises(Stopped, match="trial 7"):
         run.run(sleep_without_a_report)
     assert time.monotonic() - started < 30  # not the rank's 120 s
+
+
+def test_a_retry_going_over_its_epochs_again_reports_each_at_its_own_step_once():
+    # The chaos campaign's tune workload: attempt 0 reported epochs 0 and 1, died in epoch 2; the retry, from its
+    # checkpoint at epoch 1's end, reports epoch 1 again (the same value), then 2. The pruner must see each epoch
+    # at its own step: not epoch 1's value again at step 2, and epoch 2's at step 3.
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    run = TrialRun(trial, "score", num_processes=2, verbose=False)
+    for attempt, epoch, score in [(0, 0, 1.0), (0, 1, 2.0), (1, 1, 2.0), (1, 2, 3.0)]:
+        run._on_report({"rank": 0, "attempt": attempt, "time": 0.0, "epoch": epoch, "score": score})
+    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {0: 1.0, 1: 2.0, 2: 3.0}
+    assert run.last_value == 3.0
