@@ -60,6 +60,8 @@ def figures(campaign, final, cluster="local"):
         "fault_free_sharded_seconds": round(campaign.baselines["sharded"][1], 2) if "sharded" in campaign.baselines
         else None,
         "fault_free_study_seconds": round(campaign.baselines["tune"][1], 2) if "tune" in campaign.baselines else None,
+        "fault_free_fit_seconds": round(campaign.baselines["estimator"][1], 2) if "estimator" in campaign.baselines
+        else None,
         "fired": sum(k["fired"] for k in by_kind.values()),
         "documented_percent": round(100.0 * sum(not r.violations for r in campaign.records) / max(runs, 1), 1),
         "violations": campaign.violations() + final, "by_kind": dict(sorted(by_kind.items())),
@@ -101,13 +103,14 @@ def start_session(master, app_name):
     return spark
 
 
-def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=(), tune_kinds=()):
+def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=(), tune_kinds=(),
+         estimator_kinds=()):
     """The campaign's runs, printed as they end; ``(campaign, final violations)``."""
     extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
         campaign = Campaign(spark, root, args.seed, **extra)
         drawn = schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds, transform_kinds=transform_kinds,
-                         sharded_kinds=sharded_kinds, tune_kinds=tune_kinds)
+                         sharded_kinds=sharded_kinds, tune_kinds=tune_kinds, estimator_kinds=estimator_kinds)
         for index, fault in enumerate(drawn):
             record = campaign.run(index, fault)
             whole = "" if record.whole_after is None else f", whole again after {record.whole_after}s"
@@ -123,7 +126,7 @@ def run_local(args):
     spark = start_session("local[2]", "spark_dist soak")
     try:
         return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS, sharded_kinds=faults.SHARDED_KINDS,
-                    tune_kinds=faults.TUNE_KINDS)
+                    tune_kinds=faults.TUNE_KINDS, estimator_kinds=faults.ESTIMATOR_KINDS)
     finally:
         spark.stop()
 

@@ -33,7 +33,7 @@ from typing import List, Optional
 
 import psutil
 
-from chaos import faults, invariants, sharded_workload, tune_workload, workload
+from chaos import estimator_workload, faults, invariants, sharded_workload, tune_workload, workload
 from chaos.faults import Fault, Injector
 
 RSS_GROWTH_BOUND = 256 << 20
@@ -45,12 +45,14 @@ CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
 
 
 def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
-             elastic_kinds=(), transform_kinds=(), sharded_kinds=(), tune_kinds=()) -> List[Fault]:
+             elastic_kinds=(), transform_kinds=(), sharded_kinds=(), tune_kinds=(),
+             estimator_kinds=()) -> List[Fault]:
     """``count`` faults drawn from ``seed``: kind and workload (each of ``kinds`` against the ``ddp`` workload,
     each of ``elastic_kinds`` against the ``elastic`` one, each of ``transform_kinds`` against the ``transform``
     one, each of ``sharded_kinds`` against the ``sharded`` one, each of ``tune_kinds`` against a trial of the
-    ``tune`` one; ``each_once``: every one of them once, in a drawn
-    order, ``count`` ignored), target rank, when (a fraction of the training time after the target started),
+    ``tune`` one, each of ``estimator_kinds`` against the ``estimator`` one; ``each_once``: every one of them
+    once, in a drawn order, ``count`` ignored), target rank, when (a fraction of the training time after the
+    target started),
     and for a SIGSTOP that is continued, how long it holds: a stopped rank's, or, for the elastic workload's
     killed executor, its worker's (long enough that the retry starts on the slot left before the replacement
     comes: the retry waits for the failed attempt's tasks to end and the slot count to stand still for 2 s).
@@ -58,7 +60,7 @@ def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
     rng = random.Random(seed)
     draws = ([("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
              + [("transform", kind) for kind in transform_kinds] + [("sharded", kind) for kind in sharded_kinds]
-             + [("tune", kind) for kind in tune_kinds])
+             + [("tune", kind) for kind in tune_kinds] + [("estimator", kind) for kind in estimator_kinds])
     order = rng.sample(draws, len(draws)) if each_once else [rng.choice(draws) for _ in range(count)]
     drawn = []
     for workload_name, kind in order:
@@ -133,12 +135,12 @@ class Campaign:
     def baseline(self, fault: Fault):
         """``(result, wall time, training time)`` of the fault-free run ``fault``'s workload is held to (the tune
         workload's: the study's :func:`tune_workload.outcome`, the study's wall time, a trial's training time)."""
-        if fault.workload not in ("sharded", "tune"):
+        if fault.workload not in ("sharded", "tune", "estimator"):
             return self.expected, self.base, self.span
         if fault.workload not in self.baselines:
             before = psutil.Process().memory_info().rss
             self.baselines[fault.workload] = (self._fault_free(sharded=True) if fault.workload == "sharded"
-                                              else self._fault_free_study())
+                                              else self._fault_free_driving(fault.workload))
             # What its first run imports (FSDP and DCP, Optuna) the driver keeps once: no growth of the campaign's.
             self.rss_start += psutil.Process().memory_info().rss - before
         return self.baselines[fault.workload]
@@ -156,13 +158,27 @@ class Campaign:
             return study, exc
         return study, None
 
-    def _fault_free_study(self):
+    def _fit(self, beacons: str):
+        """A fit of the estimator workload, its beacons in ``beacons``: ``(estimator_workload.fitted(...), error)``."""
+        try:
+            model = estimator_workload.estimator(beacons, self.epochs, self.step_s).fit(self.df)
+            return estimator_workload.fitted(model, self.df), None
+        except BaseException as exc:  # noqa: BLE001 -- the ending under test
+            return None, exc
+
+    def _fault_free_driving(self, name: str):
+        """The fault-free study (``name`` "tune") or fit ("estimator"): what it decided, its wall time, and the
+        training time of its (first) run."""
         root = tempfile.mkdtemp(dir=self.root)
         started = time.monotonic()
-        study, error = self._study(root)
+        if name == "tune":
+            study, error = self._study(root)
+            got, spanned = tune_workload.outcome(study), tune_workload.trial_beacons(root, 0)
+        else:
+            (got, error), spanned = self._fit(root), root
         if error is not None:
             raise error
-        return tune_workload.outcome(study), time.monotonic() - started, _span(tune_workload.trial_beacons(root, 0))
+        return got, time.monotonic() - started, _span(spanned)
 
     def bound(self, fault: Fault) -> float:
         """How long a run with ``fault`` may take: every attempt as long as a fault-free run (one more where a
@@ -184,8 +200,8 @@ class Campaign:
 
         if fault.kind in faults.STANDALONE_KINDS and self.cluster is None:
             raise ValueError(f"{fault.describe()} needs the standalone cluster: Campaign(..., cluster=)")
-        if fault.workload == "tune":
-            return self._run_study(index, fault)
+        if fault.workload in ("tune", "estimator"):
+            return self._run_driving(index, fault)
         fault.steps = self.steps
         expected, _, span = self.baseline(fault)
         fault.delay = round(fault.at * span, 2)
@@ -241,41 +257,50 @@ class Campaign:
         self.records.append(record)
         return record
 
-    def _run_study(self, index: int, fault: Fault) -> RunRecord:
-        """A study of the tune workload with ``fault`` in its trial ``fault.trial``; its invariants: it ends
-        within its bound as the fault-free study did (each trial's parameters, state and values), no rank left
-        in any trial, no lane's job left running."""
+    def _run_driving(self, index: int, fault: Fault) -> RunRecord:
+        """A study of the tune workload with ``fault`` in its trial ``fault.trial``, or a fit (and transform) of
+        the estimator workload with ``fault`` in it. Its invariants: it ends within its bound as the fault-free
+        one did (each trial's parameters, state and values; the fit's weights, history and predictions), no
+        rank left, no Spark job left running (a lane of the study)."""
         expected, _, span = self.baseline(fault)
         fault.steps = self.steps
-        fault.delay = round(fault.at * span, 2)  # into the target trial's training, which starts after the others'
+        fault.delay = round(fault.at * span, 2)  # into the target's training (a trial's starts after the others')
         root = tempfile.mkdtemp(dir=self.root)
         ck_root = os.path.join(self.root, f"ck-{index}")
         os.makedirs(ck_root, mode=0o700)
-        target = tune_workload.trial_beacons(root, fault.trial)
-        os.makedirs(target)
+        target = tune_workload.trial_beacons(root, fault.trial) if fault.workload == "tune" else root
+        os.makedirs(target, exist_ok=True)
         injector = Injector(fault, target, ck_root, "", None, self.cluster)
         started = time.monotonic()
         injector.start()
         try:
-            study, error = self._study(root, ck_root, timeout=self.bound(fault))
+            if fault.workload == "tune":
+                study, error = self._study(root, ck_root, timeout=self.bound(fault))
+            else:
+                got, error = self._fit(root)
         finally:
             wall = time.monotonic() - started
             injector.finish()
-        got = tune_workload.outcome(study)
-        states = sorted({t[1] for t in got})
-        ending = type(error).__name__ if error is not None else \
-            "study: " + ", ".join(f"{sum(t[1] == s for t in got)} {s}" for s in states)
+        if fault.workload == "tune":
+            got = tune_workload.outcome(study)
+            states = sorted({t[1] for t in got})
+            ending = "study: " + ", ".join(f"{sum(t[1] == s for t in got)} {s}" for s in states)
         attempts = [int(n[1:].split("-")[0]) for n in os.listdir(target) if n.startswith("a") and n.endswith(".json")]
-        record = RunRecord(index, fault, ending, round(wall, 2), round(self.bound(fault), 1),
-                           invariants.recovery(target, fault, max(attempts, default=0)))
+        if fault.workload == "estimator":
+            ending = f"success (attempt {max(attempts, default=0)})"
+        record = RunRecord(index, fault, type(error).__name__ if error is not None else ending, round(wall, 2),
+                           round(self.bound(fault), 1), invariants.recovery(target, fault, max(attempts, default=0)))
         if wall > self.bound(fault):
             record.violations.append(f"took {wall:.1f}s, over its bound of {self.bound(fault):.1f}s")
         if error is not None:
-            record.violations.append(f"the study ended with {type(error).__name__}: {str(error)[:300]}"
+            record.violations.append(f"it ended with {type(error).__name__}: {str(error)[:300]}"
                                      f"{invariants.raised_at(error)}")
-        record.violations += tune_workload.same_study(got, expected)
-        for name in sorted(os.listdir(root)):
-            record.violations += invariants.no_rank_left(os.path.join(root, name), fault)
+        elif fault.workload == "tune":
+            record.violations += tune_workload.same_study(got, expected)
+        else:
+            record.violations += estimator_workload.same_fit(got, expected)
+        for beacons in {target, *(os.path.join(root, n) for n in os.listdir(root) if n.startswith("t"))}:
+            record.violations += invariants.no_rank_left(beacons, fault)
         record.violations += invariants.no_job_left(self.spark)
         record.violations += fault.problems
         record.whole_after, whole = self._whole_again()

@@ -69,7 +69,8 @@ class Fault:
     at: float  # when: after this fraction of the first attempt's training steps
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
     # or "elastic" (the same workload with min_processes=1), "transform" (workers=1), "sharded" (FSDP2 keep-best),
-    # "tune" (a study; the fault hits its trial number ``trial``), "connect" (the DDP one through Spark Connect)
+    # "tune" (a study; the fault hits its trial number ``trial``), "connect" (the DDP one through Spark Connect),
+    # "estimator" (a TorchEstimator fit, then its model's transform)
     workload: str = "ddp"
     trial: int = 0
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
@@ -133,6 +134,9 @@ SHARDED_KINDS = ("kill_rank", "stop_rank", "kill_worker", "interrupt_driver", "h
 # The faults a tuning study's trial (tests/chaos/tune_workload.py) is run with: a rank killed or stopped, its
 # lane's Python worker killed; the trial is retried on a new lane and the study ends as the fault-free one did.
 TUNE_KINDS = ("kill_rank", "stop_rank", "kill_worker")
+# The faults a TorchEstimator fit with maxRetries and a transform worker a rank (tests/chaos/estimator_workload.py)
+# is run with; it goes on from its last epoch to the fault-free fit's model and predictions.
+ESTIMATOR_KINDS = ("kill_rank", "kill_worker", "kill_transform_worker")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)

@@ -1,5 +1,5 @@
-"""TorchEstimator(maxRetries=n) on local[2]: a fit that loses a rank mid-epoch, or the Python worker under it (its
-Spark task lost), goes on from the last epoch that ended and gives the model an uninterrupted fit gives, bit for
+"""TorchEstimator(maxRetries=n) on local[2]: a fit that loses the Python worker under a rank mid-epoch (its Spark
+task lost) goes on from the last epoch that ended and gives the model an uninterrupted fit gives, bit for
 bit, with one history; without maxRetries the same loss fails the fit, naming the rank."""
 import functools
 import os
@@ -37,19 +37,12 @@ def fit(df, kill=None, retries=1, steps=None):
     return est.fit(df)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted():
-    return {}
-
-
-@pytest.mark.parametrize("kill", ["rank", "python worker"])
-def test_a_fit_that_lost_a_rank_goes_on_from_its_last_epoch_to_the_same_model(spark_local, uninterrupted, kill,
-                                                                              tmp_path):
+def test_a_fit_that_lost_a_python_worker_goes_on_from_its_last_epoch_to_the_same_model(spark_local, tmp_path):
+    # A Python worker lost with its Spark task: a lost rank alone is retried alike (Distributor's rule; the fault
+    # campaign's estimator workload kills ranks, Python workers and transform workers: bench/bench_chaos.py).
     df = digits_arrays(spark_local)
-    if "model" not in uninterrupted:
-        uninterrupted["model"] = fit(df, retries=0)  # no checkpoints at all: they change nothing
-    expected = uninterrupted["model"]
-    model = fit(df, kill=kill, steps=str(tmp_path))
+    expected = fit(df, retries=0)  # no checkpoints at all: they change nothing
+    model = fit(df, kill="python worker", steps=str(tmp_path))
     # The retry trained epochs 1 and 2 only (14 steps each on each rank), after epoch 0's checkpoint: not 42.
     assert sorted(os.listdir(tmp_path)) == ["a0-r0", "a0-r1", "a1-r0", "a1-r1"]
     assert [(tmp_path / f"a1-r{r}").read_text() for r in (0, 1)] == ["28", "28"]
