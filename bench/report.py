@@ -591,6 +591,9 @@ def chaos_section(figures):
                                                                       f"{d['median_wall_seconds']:.2f} s"),
         ("a fault-free run of the sharded keep-best workload", lambda d: seconds(d["fault_free_sharded_seconds"]),
          True),
+        ("a fault-free study (4 trials); a fault-free fit and transform",
+         lambda d: "; ".join(seconds(d[k]) if d.get(k) is not None else "-"
+                             for k in ("fault_free_study_seconds", "fault_free_fit_seconds")), True),
         ("goodput (a fault-free run's time per success, over all runs' wall time)",
          lambda d: f"{d['goodput']:.2f}"),
         ("the driver's RSS after the warm-up runs, then after the last (goal: < 256 MiB more)",
@@ -810,16 +813,19 @@ SECTIONS = [
         "Faults drawn from a seed (kind, target rank, a time during training), each injected into a run of a "
         "workload on `local[2]`: DDP (`ctx.loader` over row ids, a checkpoint every 4 batches, `max_retries=2`); "
         "`transform/`: the same with a transform worker a rank; `sharded/`: FSDP2 with async sharded "
-        "checkpoints kept by a score (`keep=2`, NaN and infinite scores among them). After each run the "
+        "checkpoints kept by a score (`keep=2`, NaN and infinite scores among them); `tune/`: an Optuna study of "
+        "4 two-rank trials on lanes with a MedianPruner, the fault in one trial; `estimator/`: a `TorchEstimator` "
+        "fit (`maxRetries=2`, a transform worker a rank), then its model's `transform`. After each run the "
         "invariants of `tests/chaos/campaign.py`: the documented ending within a bound, a success with the "
         "weights of a fault-free run bit for bit and every row once per epoch (sharded: and a best checkpoint "
-        "with the fault-free run's best weights), the committed checkpoints readable, the time split adding up, "
-        "no rank process left; at the end a full-size run and the driver's RSS. Per kind: faults that fired (a "
-        "fault drawn after the run's end does not), runs without a broken invariant, and the seconds from the "
-        "fault to rank 0's next training step (p50 / p95).",
-        "No anchor: the goals are 100% of runs as documented and no invariant broken. Not yet in the campaign "
-        "(issue #56): the tuning, TorchEstimator, Connect and HorovodRunner workloads, and the two-host "
-        "faults."], chaos_section),
+        "with the fault-free run's best weights; tune: every trial's parameters, state and reported values; "
+        "estimator: the history and predictions too), the committed checkpoints readable, the time split adding "
+        "up, no rank process or Spark job left; at the end a full-size run and the driver's RSS. Per kind: "
+        "faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
+        "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
+        "No anchor: the goals are 100% of runs as documented and no invariant broken. In the suite only (no "
+        "soak yet): the DDP workload through Spark Connect. Not yet in the campaign (issue #56): HorovodRunner "
+        "and the two-host faults."], chaos_section),
     ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
         "The standalone cluster of two workers the script starts (tests/clusters.py), the DDP workload of 2 "
         "epochs with longer steps, and the faults that take a JVM away: an executor killed "
