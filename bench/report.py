@@ -570,6 +570,14 @@ def recovery_section(figures):
     return per_line([(key, (lambda k: lambda d: seconds(d[k]))(key)) for key in keys], figures)
 
 
+def study_and_fit(d):
+    """The tune and estimator workloads' fault-free times ("-" for one the soak did not run; KeyError: neither)."""
+    kept = [d.get(k) for k in ("fault_free_study_seconds", "fault_free_fit_seconds")]
+    if not any(v is not None for v in kept):
+        raise KeyError("fault_free_study_seconds")
+    return "; ".join("-" if v is None else seconds(v) for v in kept)
+
+
 def chaos_section(figures):
     kinds = sorted({k for d in figures.values() for k in d["by_kind"]})
 
@@ -591,9 +599,7 @@ def chaos_section(figures):
                                                                       f"{d['median_wall_seconds']:.2f} s"),
         ("a fault-free run of the sharded keep-best workload", lambda d: seconds(d["fault_free_sharded_seconds"]),
          True),
-        ("a fault-free study (4 trials); a fault-free fit and transform",
-         lambda d: "; ".join(seconds(d[k]) if d.get(k) is not None else "-"
-                             for k in ("fault_free_study_seconds", "fault_free_fit_seconds")), True),
+        ("a fault-free study (4 trials); a fault-free fit and transform", lambda d: study_and_fit(d), True),
         ("goodput (a fault-free run's time per success, over all runs' wall time)",
          lambda d: f"{d['goodput']:.2f}"),
         ("the driver's RSS after the warm-up runs, then after the last (goal: < 256 MiB more)",
