@@ -23,7 +23,7 @@ test:
 	@bash scripts/test_lines.sh $(LINES)
 
 BENCHES := launch connect data scaling steady horovod ml history recovery rendezvous images inference checkpoints \
-  elastic tune step_clock
+  elastic tune step_clock driver_scale
 bench:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
 	@for line in $(LINES); do for b in $(BENCHES); do \
