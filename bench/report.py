@@ -858,7 +858,8 @@ SECTIONS = [
         "up, no rank process or Spark job left; at the end a full-size run and the driver's RSS. Per kind: "
         "faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
         "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
-        "No anchor: the goals are 100% of runs as documented and no invariant broken. In the suite only (no "
+        "No anchor: the goals are 100% of runs as documented and no invariant broken. A kind without a row "
+        "was not drawn by that soak (the `estimator/` kinds came after the last one). In the suite only (no "
         "soak yet): the DDP workload through Spark Connect. Not yet in the campaign (issue #56): HorovodRunner "
         "and the two-host faults."], chaos_section),
     ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
