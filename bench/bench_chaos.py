@@ -104,13 +104,14 @@ def start_session(master, app_name):
 
 
 def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=(), tune_kinds=(),
-         estimator_kinds=()):
+         estimator_kinds=(), horovod_kinds=()):
     """The campaign's runs, printed as they end; ``(campaign, final violations)``."""
     extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
         campaign = Campaign(spark, root, args.seed, **extra)
         drawn = schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds, transform_kinds=transform_kinds,
-                         sharded_kinds=sharded_kinds, tune_kinds=tune_kinds, estimator_kinds=estimator_kinds)
+                         sharded_kinds=sharded_kinds, tune_kinds=tune_kinds, estimator_kinds=estimator_kinds,
+                         horovod_kinds=horovod_kinds)
         for index, fault in enumerate(drawn):
             record = campaign.run(index, fault)
             whole = "" if record.whole_after is None else f", whole again after {record.whole_after}s"
@@ -126,7 +127,8 @@ def run_local(args):
     spark = start_session("local[2]", "spark_dist soak")
     try:
         return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS, sharded_kinds=faults.SHARDED_KINDS,
-                    tune_kinds=faults.TUNE_KINDS, estimator_kinds=faults.ESTIMATOR_KINDS)
+                    tune_kinds=faults.TUNE_KINDS, estimator_kinds=faults.ESTIMATOR_KINDS,
+                    horovod_kinds=faults.HOROVOD_KINDS)
     finally:
         spark.stop()
 

@@ -33,7 +33,7 @@ from typing import List, Optional
 
 import psutil
 
-from chaos import estimator_workload, faults, invariants, sharded_workload, tune_workload, workload
+from chaos import estimator_workload, faults, horovod_workload, invariants, sharded_workload, tune_workload, workload
 from chaos.faults import Fault, Injector
 
 RSS_GROWTH_BOUND = 256 << 20
@@ -46,11 +46,12 @@ CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
 
 def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
              elastic_kinds=(), transform_kinds=(), sharded_kinds=(), tune_kinds=(),
-             estimator_kinds=()) -> List[Fault]:
+             estimator_kinds=(), horovod_kinds=()) -> List[Fault]:
     """``count`` faults drawn from ``seed``: kind and workload (each of ``kinds`` against the ``ddp`` workload,
     each of ``elastic_kinds`` against the ``elastic`` one, each of ``transform_kinds`` against the ``transform``
     one, each of ``sharded_kinds`` against the ``sharded`` one, each of ``tune_kinds`` against a trial of the
-    ``tune`` one, each of ``estimator_kinds`` against the ``estimator`` one; ``each_once``: every one of them
+    ``tune`` one, each of ``estimator_kinds`` against the ``estimator`` one, each of ``horovod_kinds`` against
+    the ``horovodrunner`` one; ``each_once``: every one of them
     once, in a drawn order, ``count`` ignored), target rank, when (a fraction of the training time after the
     target started),
     and for a SIGSTOP that is continued, how long it holds: a stopped rank's, or, for the elastic workload's
@@ -60,7 +61,8 @@ def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
     rng = random.Random(seed)
     draws = ([("ddp", kind) for kind in kinds] + [("elastic", kind) for kind in elastic_kinds]
              + [("transform", kind) for kind in transform_kinds] + [("sharded", kind) for kind in sharded_kinds]
-             + [("tune", kind) for kind in tune_kinds] + [("estimator", kind) for kind in estimator_kinds])
+             + [("tune", kind) for kind in tune_kinds] + [("estimator", kind) for kind in estimator_kinds]
+             + [("horovodrunner", kind) for kind in horovod_kinds])
     order = rng.sample(draws, len(draws)) if each_once else [rng.choice(draws) for _ in range(count)]
     drawn = []
     for workload_name, kind in order:
@@ -110,38 +112,50 @@ class Campaign:
         # After these runs the driver has imported what any run does (torch among it), once, which is no growth.
         self.rss_start = psutil.Process().memory_info().rss
 
-    def _fault_free(self, sharded: bool = False):
-        """A run without faults (``sharded``: of the sharded workload, with ``"best"``, its best checkpoint's
-        weights, in its result): its result, wall time, and rank 0's training time (from its start to its last
+    def _fault_free(self, name: str = "ddp"):
+        """A run of workload ``name`` without faults (the sharded one's result with ``"best"``, its best
+        checkpoint's weights): its result, wall time, and rank 0's training time (from its start to its last
         step), which places the faults."""
-        from spark_dist import Distributor
-
         beacons = tempfile.mkdtemp(dir=self.root)
         started = time.monotonic()
-        d = Distributor(num_processes=RANKS, verbose=False, log_ranks="none",
-                        checkpoint_dir=tempfile.mkdtemp(dir=self.root) if sharded else None)
-        out = d.run(*self._work(sharded, beacons, 0), datasets={"train": self.df})
+        d, call = self._runner(name, beacons, checkpoint_dir=tempfile.mkdtemp(dir=self.root)
+                               if name == "sharded" else None)
+        out = call()
         wall = time.monotonic() - started
-        if sharded:
+        if name == "sharded":
             out["best"] = sharded_workload.best_weights(d.best_checkpoint)
         return out, wall, _span(beacons)
 
     def _work(self, sharded: bool, beacons: str, workers: int) -> tuple:
-        """The function a run of the workload runs, and its arguments."""
+        """The function a Distributor's run of the workload runs, and its arguments."""
         if sharded:
             return sharded_workload.train, beacons, self.epochs, self.step_s
         return workload.train, beacons, self.epochs, self.step_s, workers
 
+    def _runner(self, name: str, beacons: str, workers: int = 0, **settings):
+        """A run of workload ``name``: ``(its Distributor, a call that runs it)``; ``settings``: the Distributor's
+        (a HorovodRunner takes none: np=2, as on Databricks)."""
+        from spark_dist import Distributor, HorovodRunner
+
+        if name == "horovodrunner":
+            runner = HorovodRunner(np=RANKS)
+            return runner, lambda: runner.run(horovod_workload.main, beacons=beacons, epochs=self.epochs,
+                                              step_s=self.step_s)
+        d = Distributor(num_processes=RANKS, verbose=False, log_ranks="none", **settings)
+        return d, lambda: d.run(*self._work(name == "sharded", beacons, workers), datasets={"train": self.df})
+
     def baseline(self, fault: Fault):
         """``(result, wall time, training time)`` of the fault-free run ``fault``'s workload is held to (the tune
         workload's: the study's :func:`tune_workload.outcome`, the study's wall time, a trial's training time)."""
-        if fault.workload not in ("sharded", "tune", "estimator"):
+        if fault.workload not in ("sharded", "tune", "estimator", "horovodrunner"):
             return self.expected, self.base, self.span
         if fault.workload not in self.baselines:
             before = psutil.Process().memory_info().rss
-            self.baselines[fault.workload] = (self._fault_free(sharded=True) if fault.workload == "sharded"
+            self.baselines[fault.workload] = (self._fault_free(fault.workload)
+                                              if fault.workload in ("sharded", "horovodrunner")
                                               else self._fault_free_driving(fault.workload))
-            # What its first run imports (FSDP and DCP, Optuna) the driver keeps once: no growth of the campaign's.
+            # What its first run imports (FSDP and DCP, Optuna, Horovod) the driver keeps once: no growth of the
+            # campaign's.
             self.rss_start += psutil.Process().memory_info().rss - before
         return self.baselines[fault.workload]
 
@@ -209,18 +223,19 @@ class Campaign:
         ck_root, disk = self._checkpoint_root(index, fault)
         run_id = f"chaos-{self.seed}-{index}"
         run_dir = os.path.join(ck_root, run_id)
-        d = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.timeout(fault), verbose=False,
-                        log_ranks="none", checkpoint_dir=ck_root, run_id=run_id,
-                        min_processes=1 if fault.workload == "elastic" else None)
+        workers = 1 if fault.workload == "transform" else 0
+        d, call = self._runner(fault.workload, beacons, workers, max_retries=MAX_RETRIES, timeout=self.timeout(fault),
+                               checkpoint_dir=ck_root, run_id=run_id,
+                               min_processes=1 if fault.workload == "elastic" else None)
         injector = Injector(fault, beacons, run_dir, run_id, disk, self.cluster)
-        work = self._work(fault.workload == "sharded", beacons, 1 if fault.workload == "transform" else 0)
+        work = self._work(fault.workload == "sharded", beacons, workers)
         out, error, started = None, None, time.monotonic()
         told = invariants.Told()  # what the driver logs as it retries: each failed attempt, named
         logging.getLogger("spark_dist").addHandler(told)
         try:
             injector.start()
             try:
-                out = d.run(*work, datasets={"train": self.df})
+                out = call()
             finally:
                 first_wall = time.monotonic() - started
                 injector.finish()

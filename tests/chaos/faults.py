@@ -70,7 +70,7 @@ class Fault:
     hold: float = 0.0  # SIGSTOP: seconds before SIGCONT (the rank's; for kill_executor, its worker's)
     # or "elastic" (the same workload with min_processes=1), "transform" (workers=1), "sharded" (FSDP2 keep-best),
     # "tune" (a study; the fault hits its trial number ``trial``), "connect" (the DDP one through Spark Connect),
-    # "estimator" (a TorchEstimator fit, then its model's transform)
+    # "estimator" (a TorchEstimator fit, then its model's transform), "horovodrunner" (a Horovod program)
     workload: str = "ddp"
     trial: int = 0
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
@@ -100,11 +100,17 @@ class Fault:
         return ENDINGS[self.kind](self)
 
 
+def _lost(f: "Fault") -> Ending:
+    """A lost rank (or its Python worker): retried (max_retries), a success; under HorovodRunner, which has no
+    retries (as Databricks'), a TrainingFailedError naming the rank."""
+    return Ending(error="TrainingFailedError", rank_named=f.rank) if f.workload == "horovodrunner" else Ending()
+
+
 ENDINGS = {
-    "kill_rank": lambda f: Ending(),
+    "kill_rank": _lost,
     "stop_rank": lambda f: Ending(),
     "freeze_rank": lambda f: Ending(error="RunTimeoutError", rank_named=f.rank),
-    "kill_worker": lambda f: Ending(),
+    "kill_worker": _lost,
     # The rank raises a TransformError naming the worker, which fails the attempt; the retry resumes from the
     # checkpoint with new workers, and the transform's seeds replay (docs/data.md): a success.
     "kill_transform_worker": lambda f: Ending(),
@@ -137,6 +143,9 @@ TUNE_KINDS = ("kill_rank", "stop_rank", "kill_worker")
 # The faults a TorchEstimator fit with maxRetries and a transform worker a rank (tests/chaos/estimator_workload.py)
 # is run with; it goes on from its last epoch to the fault-free fit's model and predictions.
 ESTIMATOR_KINDS = ("kill_rank", "kill_worker", "kill_transform_worker")
+# The faults a HorovodRunner program (tests/chaos/horovod_workload.py) is run with: a rank stopped for a moment
+# (a success), a rank or its Python worker lost (a TrainingFailedError naming it: HorovodRunner has no retries).
+HOROVOD_KINDS = ("kill_rank", "stop_rank", "kill_worker")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)
