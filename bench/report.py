@@ -850,7 +850,9 @@ SECTIONS = [
         "`transform/`: the same with a transform worker a rank; `sharded/`: FSDP2 with async sharded "
         "checkpoints kept by a score (`keep=2`, NaN and infinite scores among them); `tune/`: an Optuna study of "
         "4 two-rank trials on lanes with a MedianPruner, the fault in one trial; `estimator/`: a `TorchEstimator` "
-        "fit (`maxRetries=2`, a transform worker a rank), then its model's `transform`. After each run the "
+        "fit (`maxRetries=2`, a transform worker a rank), then its model's `transform`; `horovodrunner/`: a "
+        "Horovod program under `HorovodRunner(np=2)` (no retries, as Databricks': a lost rank ends in a "
+        "`TrainingFailedError` naming it). After each run the "
         "invariants of `tests/chaos/campaign.py`: the documented ending within a bound, a success with the "
         "weights of a fault-free run bit for bit and every row once per epoch (sharded: and a best checkpoint "
         "with the fault-free run's best weights; tune: every trial's parameters, state and reported values; "
@@ -859,9 +861,9 @@ SECTIONS = [
         "faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
         "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
         "No anchor: the goals are 100% of runs as documented and no invariant broken. A kind without a row "
-        "was not drawn by that soak (the `estimator/` kinds came after the last one). In the suite only (no "
-        "soak yet): the DDP workload through Spark Connect. Not yet in the campaign (issue #56): HorovodRunner "
-        "and the two-host faults."], chaos_section),
+        "was not drawn by that soak (the `estimator/` and `horovodrunner/` kinds came after the last one). In "
+        "the suite only (no soak yet): the DDP workload through Spark Connect. Not yet in the campaign (issue "
+        "#56): the two-host faults."], chaos_section),
     ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
         "The standalone cluster of two workers the script starts (tests/clusters.py), the DDP workload of 2 "
         "epochs with longer steps, and the faults that take a JVM away: an executor killed "
