@@ -42,6 +42,10 @@ HEARTBEAT_S = 1.0  # each rank's supervisor writes its next sealed beat/<rank> n
 # a second (bench/bench_driver_scale.py), and a failed rank's peers stop within it.
 ABORT_POLL_S = 0.2
 STDERR_TAIL_BYTES = 16 << 10
+# On a timeout, how long a supervisor waits for every rank's stack before it stops its own rank: the supervisors
+# see the abort up to ABORT_POLL_S apart, and a rank stopped first would turn a peer's wait in a collective into an
+# error of the peer's own (the connection closed) before the peer's stack was taken.
+TIMEOUT_STACKS_S = 1.0
 
 
 def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor: bool = False) -> Iterator[Any]:
@@ -257,6 +261,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
                 aborted = True
                 if abort == Abort.TIMEOUT:
                     store.put(stack_key(rank.rank), rank_stack.dump(child.pid, stack_path))
+                    _await_stacks(store, rank.world_size)
                 elif abort != Abort.CANCELLED:  # the caller gave up: no rank's report is wanted
                     # A rank that raised at about the same time as the one that aborted the run is writing
                     # its own report: let it finish, or "every rank raised the same error" (not retried)
@@ -290,6 +295,14 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
             store.put(ended_key(rank.rank), True)  # no more beats: ended, not lost
         except Exception:  # noqa: BLE001 -- the driver's store may be gone already
             pass
+
+
+def _await_stacks(store: SealedStore, world_size: int, bound: float = TIMEOUT_STACKS_S) -> None:
+    """Until every rank's stack is in the store (or ``bound`` seconds passed: a rank that had ended has none)."""
+    keys = [store.key(stack_key(r)) for r in range(world_size)]
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline and not store.raw.check(keys):
+        time.sleep(0.02)
 
 
 def _conclude(store: SealedStore, rank: RankInfo, workdir: str, exit_code, aborted: bool,

@@ -19,9 +19,10 @@ def test_a_rendezvous_of_many_tasks_costs_a_few_requests_per_task():
     n = 32
     result = simulate(n)
     assert result["ranks"] == list(range(n))
-    # Each task: its TaskInfo, the arrival counter, a check, one wait, one read. The driver: a counter read a
-    # poll, one check and one read of all tasks, one write of all assignments, and a beat read a rank.
-    assert result["task_requests"] == 5 * n
+    # Each task: its TaskInfo, the arrival counter, a check, one wait, one read; a task that comes last may find
+    # its assignment already written at its check, and skips the wait. The driver: a counter read a poll, one
+    # check and one read of all tasks, one write of all assignments, and a beat read a rank.
+    assert 4 * n <= result["task_requests"] <= 5 * n
     assert result["driver_requests"] <= n + 100
 
 
