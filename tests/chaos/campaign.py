@@ -266,11 +266,7 @@ class Campaign:
             record.violations += invariants.named_the_lost_rank(fault, told.messages)
         record.violations += fault.problems
         self._release(fault, disk)
-        record.whole_after, whole = self._whole_again()
-        record.violations += whole
-        record.rss_mib = round(psutil.Process().memory_info().rss / 2**20, 1)
-        self.records.append(record)
-        return record
+        return self._kept(record)
 
     def _run_driving(self, index: int, fault: Fault) -> RunRecord:
         """A study of the tune workload with ``fault`` in its trial ``fault.trial``, or a fit (and transform) of
@@ -318,6 +314,11 @@ class Campaign:
             record.violations += invariants.no_rank_left(beacons, fault)
         record.violations += invariants.no_job_left(self.spark)
         record.violations += fault.problems
+        return self._kept(record)
+
+    def _kept(self, record: RunRecord) -> RunRecord:
+        """``record`` with what every run ends with: the cluster whole again (a standalone one), the driver's
+        RSS; kept in the campaign's records."""
         record.whole_after, whole = self._whole_again()
         record.violations += whole
         record.rss_mib = round(psutil.Process().memory_info().rss / 2**20, 1)
