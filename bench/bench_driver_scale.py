@@ -1,7 +1,7 @@
 """The driver at scale (issue #57, item 4): what watching n ranks costs the driver, without Spark and without torch
 training: the real store and the real :class:`~spark_dist.driver.coordinator.Coordinator` in a process of their own
-(the driver), and n stand-in ranks with their supervisors in another (this one), each rank with its own two store
-clients, as on a cluster (its supervisor's, and its rank process's ``_Reporter``).
+(the driver), and n stand-in ranks with their supervisors in another (this one), each rank with its own three store
+clients, as on a cluster (its supervisor's, its supervisor's abort watch's, and its rank process's ``_Reporter``).
 
 After the rendezvous (the real task side: ``spark_dist.task.barrier_task._assignments``), every simulated rank, for
 ``--seconds``:
@@ -11,7 +11,9 @@ After the rendezvous (the real task side: ``spark_dist.task.barrier_task._assign
 - has its supervisor write its sealed heartbeat ``(beat, steps)`` every second and look for a stall's request for
   stacks (what ``_supervise`` does with each beat), its step count rising;
 - has its supervisor publish its buffered output every SUPERVISOR_POLL_S, as ``_supervise``'s loop does in its
-  steady state (the real ``Publisher`` over the real ``LineBuffer``), and look at ``abort`` every ABORT_POLL_S;
+  steady state (the real ``Publisher`` over the real ``LineBuffer``), and read its abort watch there (the real
+  ``AbortWatch``: a thread blocked in the store's wait on ``abort``; the supervisor looks at the key itself, every
+  ABORT_POLL_S, only where the watch cannot wait);
 - prints about 1 KiB a second (LINES_PER_PRINT lines of LINE_BYTES, once a second) into that buffer;
 - and rank 0 also puts its loader's progress 4 times a second.
 
@@ -21,8 +23,9 @@ psutil (so the measuring costs the driver nothing): the driver's CPU (user + sys
 of one core, split into its watch loop's thread and the rest, mostly the store's server thread), its RSS growth
 (after WARMUP_S of the window vs at its end), and each report's latency (the record's ``time`` vs the moment the
 driver's ``on_report`` saw it: both processes are on one machine, so ``time.time()`` compares): p50 and p99. Counted
-too: the store requests each side made a second (the ranks' through counting clients, the coordinator's own), and the
-supervisors' looks at ``abort`` a second (1 / ABORT_POLL_S a rank asked).
+too: the store requests each side made a second (the ranks' through counting clients, the coordinator's own), the
+supervisors' own looks at ``abort`` a second (none while their watches wait) and the watches still waiting at the
+window's end.
 
     python bench/bench_driver_scale.py --out bench/results/driver_scale-spark4.json
     python bench/bench_driver_scale.py --sizes 256 --seconds 15 --profile /tmp/driver.prof   # where the time goes
@@ -58,6 +61,7 @@ from spark_dist.config import RunConfig  # noqa: E402
 from spark_dist.driver.coordinator import Coordinator  # noqa: E402
 from spark_dist.task import output  # noqa: E402
 from spark_dist.task.barrier_task import ABORT_POLL_S, HEARTBEAT_S, _assignments  # noqa: E402
+from spark_dist.wire.abort_watch import AbortWatch, release  # noqa: E402
 from spark_dist.wire.protocol import (ABORT, ARRIVED, PROGRESS, REPORTS, STACKS_WANTED, LaunchSpec,  # noqa: E402
                                       beat_key, task_key)
 from spark_dist.wire.ranks import TaskInfo  # noqa: E402
@@ -80,6 +84,7 @@ WARMUP_S = 5.0  # the driver's RSS is read this long into the window (a third of
 # (at 1,024 ranks on 2 cores, 4 threads made 19.8k requests a second, 8 made 17.7k, 32 made 12.6k).
 THREADS = 4
 FD_HEADROOM = 256  # file descriptors this process needs besides the ranks' store clients
+CLIENTS_PER_RANK = 3  # the supervisor's, its abort watch's, the rank process's
 # The linear-growth check: a figure at n2 ranks may be at most (n2 / n1) * LINEAR_SLACK times its value at n1, each
 # figure counted as at least its floor, so that noise around a small value (a latency of a millisecond, an RSS that
 # did not grow) does not read as growth.
@@ -177,6 +182,7 @@ def driver_main(conn, n: int, run_id: str, secret: bytes, profile_path=None) -> 
         "abort": None if (abort := store.lookup(ABORT)) is None else str(abort),
         "lost_ranks": [r.rank for r in coordinator.lost_ranks], "stalls": coordinator.stall_watch.stalls,
         "ranks_assigned": len(coordinator.ranks), "driver_requests": marks[-1] - marks[0] if marks else 0}))
+    release(store)  # as the Attempt does before it drops the store: the watches still waiting end
     conn.close()
 
 
@@ -185,13 +191,18 @@ def driver_main(conn, n: int, run_id: str, secret: bytes, profile_path=None) -> 
 # --------------------------------------------------------------------------------------------------------
 class SimRank:
     """One rank and its supervisor, as the driver sees them: the supervisor's store client (``sup``: rendezvous,
-    beats, abort, output) and the rank process's own (``own``: reports and progress), with the real output path."""
+    beats, output), its abort watch's (``watch``, started once the rank is assigned, as ``_supervise`` starts it)
+    and the rank process's own (``own``: reports and progress), with the real output path."""
 
     def __init__(self, index: int, spec: LaunchSpec):
         self.index = index
         self.slot = TaskInfo(index, f"host{index % HOSTS}", (), f"host{index % HOSTS}:7077", index)
-        self.clients = [Counting(join_store("127.0.0.1", spec.store_port, STORE_TIMEOUT_S)) for _ in range(2)]
-        self.sup, self.own = (SealedStore(client, spec.secret, spec.prefix) for client in self.clients)
+        self.clients = [Counting(join_store("127.0.0.1", spec.store_port, STORE_TIMEOUT_S))
+                        for _ in range(CLIENTS_PER_RANK)]
+        self.sup, self.own, self._watch_store = (SealedStore(client, spec.secret, spec.prefix)
+                                                 for client in self.clients)
+        self.watch = None
+        self.next_abort = 0.0
         self.reports = StoreLog(self.own, REPORTS, writer=f"rank{index}")
         self.lines = output.LineBuffer()
         self.publisher = output.Publisher(self.sup, index, self.lines)
@@ -214,18 +225,21 @@ class SimRank:
         """The second half: wait for its assignment (the real wait); False when the driver aborted it."""
         got = _assignments(self.sup, spec, [self.slot])
         self.rank = None if got is None else got[0].rank.rank
+        if got is not None:
+            self.watch = AbortWatch(lambda: self._watch_store, ABORT_POLL_S)
         return got is not None
 
     def poll(self) -> None:
-        """One turn of _supervise's loop: publish what is due."""
+        """One turn of _supervise's loop: publish what is due, read the abort watch (and look at ``abort`` every
+        ABORT_POLL_S only where it cannot wait)."""
         self.publisher.publish()
-
-    def look_for_abort(self, steps: int) -> None:
-        """_supervise's look at ``abort``, every ABORT_POLL_S."""
-        abort = self.sup.lookup(ABORT)
+        abort = self.watch.value
+        if abort is None and not self.watch.live and time.monotonic() >= self.next_abort:
+            self.next_abort = time.monotonic() + ABORT_POLL_S
+            abort = self.sup.lookup(ABORT)
+            self.polls += 1
         if abort is not None and self.abort_seen is None:
             self.abort_seen = str(abort)
-        self.polls += 1
 
     def beat(self, steps: int) -> None:
         """The supervisor's beat: the sealed ``(beat, steps)``, then its look for a stall's request for stacks."""
@@ -264,7 +278,6 @@ class Schedule:
         self.beat_lags = array.array("d")
         for sim in sims:
             self._add(SimRank.poll, SUPERVISOR_POLL_S, sim, rng)
-            self._add(SimRank.look_for_abort, ABORT_POLL_S, sim, rng)
             self._add(SimRank.beat, HEARTBEAT_S, sim, rng)
             self._add(SimRank.report, REPORT_EVERY_S, sim, rng)
             self._add(SimRank.print_lines, PRINT_EVERY_S, sim, rng)
@@ -321,12 +334,12 @@ def serve(sims, spec: LaunchSpec, ready: threading.Barrier, go: threading.Event,
 
 
 def enough_descriptors(n: int) -> None:
-    """Raise the soft limit on open files to what 2n store clients need (up to the hard limit).
+    """Raise the soft limit on open files to what the ranks' store clients need (up to the hard limit).
 
     Raises:
         RuntimeError: the hard limit is too low.
     """
-    needed = 2 * n + FD_HEADROOM
+    needed = CLIENTS_PER_RANK * n + FD_HEADROOM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= needed:
         return
@@ -429,24 +442,30 @@ def _window(n, seconds, sims, workers, schedules, errors, conn, process, ready, 
     conn.send("mark")
     stop.set()
     requests = sum(s.requests() for s in sims) - requests_before
+    watching = sum(1 for s in sims if s.watch is not None and s.watch.live and s.watch.value is None)
     for worker in workers:
         worker.join(60)
     for sim in sims:  # what each rank printed last, as its supervisor flushes it once the rank exited
+        if sim.watch is not None:
+            sim.watch.close()  # as _supervise closes it once its rank ended: left waiting for the driver's release
         sim.publisher.flush([], timeout=10.0)
     conn.send("stop")
     if not conn.poll(120):
         raise RuntimeError("the driver did not answer")
     _, seen = conn.recv()
+    for sim in sims:  # the driver released them before it answered
+        if sim.watch is not None:
+            sim.watch.join(10)
     seen["driver_requests_per_s"] = seen.pop("driver_requests") / window
     lags = [lag for s in schedules for lag in s.beat_lags]
     return {"ranks": n, "seconds": window, "rendezvous_seconds": rendezvous,
             "driver_cpu_fraction": (cpu_after["total"] - cpu_before["total"]) / window,
-           **_cpu_split(cpu_before, cpu_after, process.pid, window),
+            **_cpu_split(cpu_before, cpu_after, process.pid, window),
             "rss_warm_mib": rss_warm / 2 ** 20, "rss_end_mib": rss_end / 2 ** 20,
             "rss_growth_mib": (rss_end - rss_warm) / 2 ** 20,
             "reports_sent": sum(s.reports_sent for s in sims), "output_bytes_sent": sum(s.bytes_printed for s in sims),
-            "supervisor_polls_per_rank_s": sum(s.polls for s in sims) / n / window,
-            "rank_requests_per_s": requests / window,
+            "supervisor_polls_per_rank_s": sum(s.polls for s in sims) / n / window, "abort_watches_waiting": watching,
+            "rank_requests_per_s": requests / window, "rank_requests_per_rank_s": requests / window / n,
             "beat_lag_p99_s": percentile(lags, 0.99), "abort_seen_by_ranks": next(
                 (s.abort_seen for s in sims if s.abort_seen), None), **seen}
 
@@ -509,7 +528,8 @@ def main(argv=None):
               f"{row['driver_other_threads_fraction']:.1%}), RSS growth {row['rss_growth_mib']:.1f} MiB, report "
               f"latency p50 {1000 * row['report_latency_p50_s']:.1f} ms p99 {1000 * row['report_latency_p99_s']:.1f} "
               f"ms, reports {row['reports_received']}/{row['reports_sent']}, output {row['output_bytes_received']}/"
-              f"{row['output_bytes_sent']} bytes, beat lag p99 {1000 * row['beat_lag_p99_s']:.0f} ms", flush=True)
+              f"{row['output_bytes_sent']} bytes, beat lag p99 {1000 * row['beat_lag_p99_s']:.0f} ms, "
+              f"{row['rank_requests_per_rank_s']:.1f} requests a rank a second", flush=True)
     if args.profile:
         print_profile(args.profile)
     linear, goals = linear_checks(rows), goal_checks(rows)
@@ -523,7 +543,8 @@ def main(argv=None):
             json.dump({"machine": f"{platform.machine()}, {os.cpu_count()} cores", "platform": platform.platform(),
                        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
                        "config": {"seconds": args.seconds, "threads": args.threads, "supervisor_poll_s":
-                                  SUPERVISOR_POLL_S, "abort_poll_s": ABORT_POLL_S, "report_every_s": REPORT_EVERY_S, "beat_every_s": HEARTBEAT_S,
+                                  SUPERVISOR_POLL_S, "abort_poll_s": ABORT_POLL_S, "report_every_s": REPORT_EVERY_S,
+                                  "beat_every_s": HEARTBEAT_S,
                                   "progress_every_s": PROGRESS_EVERY_S, "output_bytes_per_rank_s":
                                   LINES_PER_PRINT * LINE_BYTES / PRINT_EVERY_S, "warmup_s": WARMUP_S},
                        "sizes": rows, "linear": linear, "goals": goals}, f, indent=1)

@@ -30,6 +30,7 @@ from ..spark import session
 from ..task import checkpoint_dirs, output
 from ..task.barrier_task import serve_rank, spawn_child
 from ..task.partition import run_partition
+from ..wire import abort_watch
 from ..wire.protocol import ABORT, Abort, LaunchSpec
 from ..wire.ranks import TaskInfo
 from ..wire.sealed_store import SealedStore, bind_in_range, host_store
@@ -42,7 +43,7 @@ from .outcome import AttemptEvidence, JobError, Outcome, outcome_of
 _CONNECT_MARGIN_S = 30.0
 _CANCEL_WAIT_S = 60.0
 # How long a run the caller gave up on may take to end by itself after the abort before its job is cancelled: the
-# supervisors read the abort key every 50 ms at most and kill their ranks at once.
+# supervisors see the abort within 50 ms (their watches are woken by the store) and kill their ranks at once.
 _STOP_WAIT_S = 3.0
 
 
@@ -198,6 +199,7 @@ class Attempt:
             raise
         finally:
             self.backend.stop()
+            abort_watch.release(store)  # the supervisors' watches still waiting end before their connections do
             # Dropping the last reference stops the store's server and closes its port.
             del store, coordinator, server
         self.seen = dataclasses.replace(seen, store_port=self.spec.store_port)

@@ -35,6 +35,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..config import CONF_STORE_PORT, RunConfig
 from ..errors import ConfigError
 from ..task import output
+from ..wire import abort_watch
 from ..wire.protocol import ABORT, Abort, LaunchSpec
 from ..wire.sealed_store import SealedStore, bind_listener, host_store
 from ..wire.sealing import Sealer
@@ -156,6 +157,7 @@ def host_and_watch(config: RunConfig, time_left: Optional[float], spec: LaunchSp
         report = FirstTaskReport(coordinator.seen(), reports.items(), lines.items())
     finally:
         backend.stop()
+        abort_watch.release(store)  # the supervisors' watches still waiting end before their connections do
     if coordinator.lost_ranks:
         raise RuntimeError(f"spark_dist: ranks {[r.rank for r in coordinator.lost_ranks]} went silent; "
                            f"{verdict(report, spec.secret)}")

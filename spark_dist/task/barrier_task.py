@@ -30,6 +30,7 @@ from ..wire.protocol import (ABORT, ARRIVED, FAILURES, STACKS_WANTED, Abort, Lau
                              task_key)
 from ..host.parent_death import die_with_parent
 from .rank_process import STACK_FILE, child_main, exit_rank, join_run_store
+from ..wire.abort_watch import AbortWatch
 from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
 from ..wire.sealed_store import SealedStore
 from ..wire.store_log import StoreLog
@@ -38,13 +39,13 @@ from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
 HEARTBEAT_S = 1.0  # each rank's supervisor writes its next sealed beat/<rank> number this often
-# How often a supervisor looks for the run's abort: the driver's store serves ranks / ABORT_POLL_S of these
-# a second (bench/bench_driver_scale.py), and a failed rank's peers stop within it.
+# A supervisor learns of the run's abort from its AbortWatch, woken by the store; it looks at the key this often
+# only where the watch cannot wait (a forged value sits in the key, or the watch's connection failed).
 ABORT_POLL_S = 0.2
 STDERR_TAIL_BYTES = 16 << 10
 # On a timeout, how long a supervisor waits for every rank's stack before it stops its own rank: the supervisors
-# see the abort up to ABORT_POLL_S apart, and a rank stopped first would turn a peer's wait in a collective into an
-# error of the peer's own (the connection closed) before the peer's stack was taken.
+# see the abort a loop turn apart (ABORT_POLL_S where one looks), and a rank stopped first would turn a peer's
+# wait in a collective into an error of the peer's own (the connection closed) before the peer's stack was taken.
 TIMEOUT_STACKS_S = 1.0
 
 
@@ -229,6 +230,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     exit_code = []
     waiter = threading.Thread(target=lambda: exit_code.append((child.wait(), time.time())), daemon=True)
     waiter.start()
+    watch = AbortWatch(lambda: join_run_store(spec), ABORT_POLL_S)  # its own connection: the wait blocks it
     aborted = False
     poll = 0.005
     next_beat, beats, stacks_sent, next_abort = 0.0, 0, 0, 0.0
@@ -253,9 +255,9 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
                     store.put(stall_stack_key(rank.rank), (wanted, stack, trace))
             if publisher is not None:
                 publisher.publish()
-            abort = None
-            if waiter.is_alive() and time.monotonic() >= next_abort:
-                next_abort = time.monotonic() + ABORT_POLL_S
+            abort = watch.value if waiter.is_alive() else None
+            if abort is None and not watch.live and waiter.is_alive() and time.monotonic() >= next_abort:
+                next_abort = time.monotonic() + ABORT_POLL_S  # the watch could not wait: look, as it would have
                 abort = store.lookup(ABORT)
             if abort is not None:
                 aborted = True
@@ -276,6 +278,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
         aborted = True
         child.kill()
         waiter.join()
+    watch.close()  # left waiting: the store's host releases it (spark_dist.wire.abort_watch.release)
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
     if publisher is not None:  # the pipes' last lines (also those printed just before a SIGKILL)
         publisher.flush(readers)

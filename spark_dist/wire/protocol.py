@@ -110,6 +110,7 @@ class Abort(str, enum.Enum):
     JOB_FAILED = "the Spark job failed"
     STALLED = "stalled"  # spark.dist.stallAction=fail: the diagnosis (with every rank's stack) is the driver's
     CANCELLED = "cancelled on the driver"
+    ENDED = "the attempt ended"  # set as its store is dropped: wakes the abort watches still waiting
 
 
 class TaskOutcome(str, enum.Enum):
