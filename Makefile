@@ -31,14 +31,15 @@ bench:
 	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md
 
 # The fault campaign, long: FAULTS faults drawn from SEED on each line (tests/chaos, bench/bench_chaos.py), on
-# local[2] or (CLUSTER=standalone) a standalone cluster of two workers it starts; its figures go to
-# bench/results/chaos[-standalone]-spark<line>.json and BENCHMARKS.md. A violation prints the seed to rerun.
+# local[2], (CLUSTER=standalone) a standalone cluster of two workers it starts, or (CLUSTER=two_hosts, root) the
+# two-host cluster of tests/two_hosts.py; its figures go to bench/results/chaos[-<cluster>]-spark<line>.json and
+# BENCHMARKS.md. A violation prints the seed to rerun.
 SEED ?= 1
 FAULTS ?= 200
 CLUSTER ?= local
 soak:
 	@for line in $(LINES); do bash scripts/setup_env.sh $$line || exit 1; done
-	@rc=0; suffix=$$([ "$(CLUSTER)" = standalone ] && echo -standalone); \
+	@rc=0; suffix=$$([ "$(CLUSTER)" != local ] && echo -$(CLUSTER)); \
 	for line in $(LINES); do venv=.venv; [ "$$line" = 3.5 ] && venv=.venv-spark35; \
 	  $$venv/bin/python bench/bench_chaos.py --seed $(SEED) --faults $(FAULTS) --cluster $(CLUSTER) \
 	    --out bench/results/chaos$$suffix-spark$$line.json || rc=1; done; \

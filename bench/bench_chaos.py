@@ -5,6 +5,10 @@ invariants broken (each with the seed and the fault that reproduce it), the seco
 training step (p50, p95) beside a fault-free run's time, and the campaign's goodput: a fault-free run's time for
 each run that succeeded, over the wall time of all runs. Exits 1 when an invariant was broken.
 
+``--cluster two_hosts`` (root): the two-host cluster of tests/two_hosts.py (a worker in each of two network
+namespaces), a rank or its Python worker killed and the host kinds (a link down for seconds, a host frozen for
+seconds, and against the elastic workload a link down for good); otherwise as ``--cluster standalone``.
+
 ``--cluster standalone``: the standalone kinds instead (an executor JVM killed, a worker decommissioned, and the
 elastic workload with its executor killed; tests/chaos/faults.py), on a standalone cluster of two workers of one
 core that this script starts itself, as tests/clusters.py starts the suite's (``StandaloneCluster``: loopback
@@ -79,7 +83,11 @@ def figures(campaign, final, cluster="local"):
     return result
 
 
-def session_conf(master):
+# On two hosts: a rank or its Python worker lost, as on one host, and the faults of a host.
+TWO_HOST_KINDS = ("kill_rank", "kill_worker", *faults.HOST_KINDS)
+
+
+def session_conf(master, two_hosts=False):
     """The soak's session: loopback only, no UI; on the standalone cluster as the suite's (tests/clusters.py's
     TEST_CONF and its standalone conf: decommission on, so that a decommissioned executor exits)."""
     conf = {"spark.master": master, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
@@ -89,14 +97,18 @@ def session_conf(master):
 
         conf.update(TEST_CONF)
         conf.update({"spark.master": master, "spark.decommission.enabled": "true"})
+    if two_hosts:  # the driver on the bridge, where both hosts reach it
+        from two_hosts import DRIVER_IP
+
+        conf.update({"spark.driver.host": DRIVER_IP, "spark.driver.bindAddress": DRIVER_IP})
     return conf
 
 
-def start_session(master, app_name):
+def start_session(master, app_name, two_hosts=False):
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf(master).items():
+    for key, value in session_conf(master, two_hosts).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -133,9 +145,10 @@ def run_local(args):
         spark.stop()
 
 
-def run_standalone(args):
+def run_standalone(args, two_hosts=False):
     """The standalone kinds on a cluster of this script's own, stopped at the end; its leftover processes (none
-    expected) are killed and listed as violations."""
+    expected) are killed and listed as violations. ``two_hosts``: the two-host cluster of tests/two_hosts.py
+    instead (root: network namespaces), with the host kinds, the dataset cache on a disk both hosts see."""
     from clusters import SESSION_MARKER, StandaloneCluster, describe, install_gpu_script, stop_gateway, \
         wait_for_no_leaks
 
@@ -145,11 +158,23 @@ def run_standalone(args):
     marker = os.environ[SESSION_MARKER] = f"soak-{uuid.uuid4().hex}"
     leaks, result = [], None
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-cluster-") as tmp:
-        cluster = StandaloneCluster(tmp, install_gpu_script(tmp))
+        if two_hosts:
+            from two_hosts import TwoHostCluster
+
+            cluster = TwoHostCluster(tmp, install_gpu_script(tmp))
+        else:
+            cluster = StandaloneCluster(tmp, install_gpu_script(tmp))
         try:
             cluster.start()
-            spark = start_session(cluster.master_url, "spark_dist soak (standalone)")
-            result = soak(spark, args, faults.STANDALONE_KINDS, faults.ELASTIC_KINDS, cluster)
+            if two_hosts:
+                from spark_dist.data import CACHE_DIR_CONF
+
+                spark = start_session(cluster.master_url, "spark_dist soak (two hosts)", two_hosts=True)
+                spark.conf.set(CACHE_DIR_CONF, f"file://{tmp}")
+                result = soak(spark, args, TWO_HOST_KINDS, faults.ELASTIC_HOST_KINDS, cluster)
+            else:
+                spark = start_session(cluster.master_url, "spark_dist soak (standalone)")
+                result = soak(spark, args, faults.STANDALONE_KINDS, faults.ELASTIC_KINDS, cluster)
         finally:
             try:
                 stop_gateway()
@@ -168,24 +193,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=200)
-    parser.add_argument("--cluster", choices=("local", "standalone"), default="local",
-                        help="local[2] and the kinds any session runs (default), or a standalone cluster of two "
-                             "workers this script starts and stops, and the standalone kinds")
+    parser.add_argument("--cluster", choices=("local", "standalone", "two_hosts"), default="local",
+                        help="local[2] and the kinds any session runs (default), a standalone cluster of two "
+                             "workers this script starts and stops, and the standalone kinds, or (root) the "
+                             "two-host cluster of tests/two_hosts.py and the host kinds")
     parser.add_argument("--epochs", type=int, default=workload.STANDALONE_EPOCHS,
                         help="the workload's epochs (--cluster standalone; the suite's by default)")
     parser.add_argument("--step-s", type=float, default=workload.STANDALONE_STEP_S,
                         help="a training step's extra seconds (--cluster standalone; the suite's by default)")
     parser.add_argument("--out")
     args = parser.parse_args()
-    if args.cluster == "standalone":
-        campaign, final = run_standalone(args)
+    if args.cluster in ("standalone", "two_hosts"):
+        campaign, final = run_standalone(args, two_hosts=args.cluster == "two_hosts")
     else:
         args.epochs, args.step_s = workload.EPOCHS, workload.STEP_S
         campaign, final = run_local(args)
     result = figures(campaign, final, args.cluster)
     save(args.out, result)
-    rerun = (f"bench/bench_chaos.py --cluster standalone --seed {args.seed} --faults {args.faults} --epochs "
-             f"{args.epochs} --step-s {args.step_s}" if args.cluster == "standalone"
+    rerun = (f"bench/bench_chaos.py --cluster {args.cluster} --seed {args.seed} --faults {args.faults} --epochs "
+             f"{args.epochs} --step-s {args.step_s}" if args.cluster != "local"
              else f"make soak SEED={args.seed} FAULTS={args.faults}")
     for line in result["violations"]:
         print(f"[soak] {line}\n[soak]   reproduce: {rerun}", flush=True)

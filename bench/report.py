@@ -873,8 +873,8 @@ SECTIONS = [
         "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
         "No anchor: the goals are 100% of runs as documented and no invariant broken. A kind without a row "
         "was not drawn by that soak (the `estimator/` and `horovodrunner/` kinds came after the last one). In "
-        "the suite only (no soak yet): the DDP workload through Spark Connect. Not yet in the campaign (issue "
-        "#56): the two-host faults."], chaos_section),
+        "the suite only (no soak yet): the DDP workload through Spark Connect. The two-host faults have a section "
+        "of their own below."], chaos_section),
     ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
         "The standalone cluster of two workers the script starts (tests/clusters.py), the DDP workload of 2 "
         "epochs with longer steps, and the faults that take a JVM away: an executor killed "
@@ -882,6 +882,16 @@ SECTIONS = [
         "worker), and the elastic workload (`min_processes=1`) with its executor killed while the worker is "
         "held for seconds. Besides the local campaign's invariants: after each run the cluster's master and "
         "workers run and the driver counts its 2 task slots again (seconds to whole, p50 / p95).",
+        "No anchor: the goals are 100% of runs as documented and no invariant broken."], chaos_section),
+    ("chaos-two_hosts", "Fault campaign on two hosts (`make soak CLUSTER=two_hosts`, root)", [
+        "The two-host cluster of the tests (a standalone worker of 2 cores in each of two network namespaces, "
+        "tests/two_hosts.py), the DDP workload of 2 epochs with one rank on each host, and the faults of a "
+        "host besides a killed rank and Python worker: the target's link down for 1-3 s (`blip_link`), every "
+        "process of its host stopped for 1-3 s (`freeze_host`, a gray failure), both shorter than "
+        "`spark.dist.hostLostTimeout` and so ending with the fault-free weights; and against the elastic "
+        "workload (`min_processes=1`) its link down for good (`cut_link`): the host named lost, the run going "
+        "on on the host left, the cut-off rank stopped by its own supervisor, the link then back and the "
+        "cluster whole again.",
         "No anchor: the goals are 100% of runs as documented and no invariant broken."], chaos_section),
 ]
 

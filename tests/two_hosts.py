@@ -159,6 +159,12 @@ class TwoHostCluster(StandaloneCluster):
         ns, veth, _ = HOSTS[index]
         _ip("link", "set", veth, "down")
 
+    def host_pids(self, index):
+        """The pids of every process on host ``index`` (in its network namespace: its worker, executors, Python
+        workers and ranks)."""
+        ns, _, _ = HOSTS[index]
+        return [int(pid) for pid in _ip("netns", "pids", ns).stdout.split()]
+
     def bring_up(self, index):
         """Put host ``index`` back on the network (before stopping Spark: a driver that cannot reach an executor
         waits out its RPC timeouts, two minutes, to stop)."""

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import random
 import threading
 import time
 from typing import Any, List, NamedTuple, Optional
 
-from ..config import CONF_STORE_PORT, RunConfig
+from ..config import CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, RunConfig
 from ..spark import session
 from ..task import checkpoint_dirs, output
 from ..task.barrier_task import serve_rank, spawn_child
@@ -45,6 +46,8 @@ _CANCEL_WAIT_S = 60.0
 # How long a run the caller gave up on may take to end by itself after the abort before its job is cancelled: the
 # supervisors see the abort within 50 ms (their watches are woken by the store) and kill their ranks at once.
 _STOP_WAIT_S = 3.0
+
+log = logging.getLogger("spark_dist")
 
 
 class Sizes(NamedTuple):
@@ -72,6 +75,7 @@ def launch_spec(config: RunConfig, attempt: int, job_bytes: bytes, handles, chec
         every_result=every_result,
         remove_checkpoint_dir=checkpoint_dirs.removed_after_success(config),
         initial_world_size=sizes.initial or config.num_processes, previous_world_size=sizes.previous,
+        host_lost_timeout=0.0 if config.local_mode else config.host_lost_timeout,
         # Rank 0 stops at a checkpoint when the driver asks (a preemption, a grow): never in local mode.
         watch_resize=not config.local_mode)
 
@@ -181,6 +185,7 @@ class Attempt:
                                   on_stall=lambda diagnosis: self.owner._on_stall(diagnosis, self.attempt))
         try:
             coordinator.watch(done.wait)
+            self._replace_lost_executors(coordinator)
             thread.join()
             if errors and not store.has(ABORT):
                 store.put(ABORT, Abort.JOB_FAILED)  # supervisors still running stop their ranks
@@ -204,6 +209,22 @@ class Attempt:
             del store, coordinator, server
         self.seen = dataclasses.replace(seen, store_port=self.spec.store_port)
         return outcome_of(self.seen)
+
+    def _replace_lost_executors(self, coordinator: Coordinator) -> None:
+        """The ranks of a host that went silent: Spark replaces their executors now (classic sessions), not at its
+        own executor timeout; until then it would place the next attempt's tasks on an executor's free slots
+        there too, tasks that never start."""
+        if not coordinator.lost_ranks or self.config.local_mode:
+            return
+        lost = {r.rank for r in coordinator.lost_ranks}
+        tasks = [t for t, r in zip(coordinator.tasks, coordinator.ranks) if r.rank in lost]
+        replaced = session.replace_lost_executors(self.spark, tasks[0].stage, {t.partition for t in tasks}) \
+            if tasks else []
+        if replaced:
+            log.warning("spark_dist: run %s: asked Spark to replace executor%s %s on %s, silent for %gs (%s)",
+                        self.config.run_id, "s" * (len(replaced) > 1), ", ".join(replaced),
+                        ", ".join(sorted({r.host for r in coordinator.lost_ranks})), self.config.host_lost_timeout,
+                        CONF_HOST_LOST_TIMEOUT)
 
     def _run_local(self, records: List[Any]) -> None:
         """The ranks as processes on the driver, one serving thread each; their records into ``records``."""

@@ -21,11 +21,34 @@ def max_concurrent_tasks(sc) -> int:
 
 
 def free_task_slots(sc) -> int:
-    """Slots free now: :func:`max_concurrent_tasks` less the tasks running on the executors, as Spark's own books
-    have them. A task on an executor that went silent stays running there until Spark declares the executor
-    lost, so a lost host's slots are never counted free before that."""
-    running = sum(int(info.numRunningTasks()) for info in sc._jsc.sc().statusTracker().getExecutorInfos())
+    """Slots free now: :func:`max_concurrent_tasks` less the tasks running on the executors it counts, as Spark's
+    own books have them. A task on an executor that went silent stays running there until Spark declares the
+    executor lost, so a lost host's slots are never counted free before that; an executor Spark is removing
+    (:func:`replace_executor`) counts neither its slots nor its tasks."""
+    jsc = sc._jsc.sc()
+    backend = jsc.schedulerBackend()
+    running, executors = 0, jsc.statusStore().executorList(True).iterator()
+    while executors.hasNext():
+        executor = executors.next()
+        if executor.id() == "driver" or _active(backend, executor.id()):
+            running += int(executor.activeTasks())
     return max(0, max_concurrent_tasks(sc) - running)
+
+
+def _active(backend, executor: str) -> bool:
+    """Whether the cluster backend still offers ``executor``'s slots (local mode's backend has no such state)."""
+    try:
+        return bool(backend.isExecutorActive(executor))
+    except Exception:  # noqa: BLE001 -- a backend without the method (local mode): every executor is
+        return True
+
+
+def replace_executor(sc, executor: str) -> bool:
+    """Ask Spark to kill executor ``executor`` and its cluster manager for another in its place, what Spark does
+    itself once the executor's heartbeats lapse for ``spark.network.timeout``; at once, its slots are offered to
+    no task again. Returns whether Spark took the request (False: the executor is gone already, or the
+    backend cannot kill executors)."""
+    return bool(sc._jsc.sc().killAndReplaceExecutor(executor))
 
 
 def decommissioning_executors(sc) -> Dict[str, str]:

@@ -126,6 +126,22 @@ def stage_executors(spark, stage: int) -> Optional[Set[str]]:
         return None
 
 
+def replace_lost_executors(spark, stage: int, partitions) -> List[str]:
+    """Have Spark replace the executors that ran tasks ``partitions`` of stage ``stage`` on a classic session,
+    whose host went silent (:func:`~spark_dist.spark.jvm.replace_executor`): the next attempt's tasks then go to
+    the executors left, not to one that can no longer hear the driver, as Spark would place them until its own
+    executor timeout. The ids Spark took; none under Spark Connect or where the status store cannot say."""
+    by_task = stage_task_executors(spark, stage) or {}
+    replaced = []
+    for executor in sorted({by_task[p] for p in partitions if p in by_task}):
+        try:
+            if jvm.replace_executor(spark.sparkContext, executor):
+                replaced.append(executor)
+        except Exception:  # noqa: BLE001 -- Spark internals through py4j: Spark's own timeout still applies
+            continue
+    return replaced
+
+
 def stage_task_executors(spark, stage: int) -> Optional[Dict[int, str]]:
     """Task index -> the id of the executor running it, for stage ``stage`` on a classic session
     (:func:`~spark_dist.spark.jvm.stage_task_executors`); ``None`` under Spark Connect or where the status store

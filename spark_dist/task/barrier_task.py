@@ -29,6 +29,7 @@ from ..wire.protocol import (ABORT, ARRIVED, FAILURES, STACKS_WANTED, Abort, Lau
                              TaskStatus, assignment_key, beat_key, clock_key, ended_key, stall_stack_key, stack_key,
                              task_key)
 from ..host.parent_death import die_with_parent
+from .fence import Fence
 from .rank_process import STACK_FILE, child_main, exit_rank, join_run_store
 from ..wire.abort_watch import AbortWatch
 from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
@@ -235,6 +236,9 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     poll = 0.005
     next_beat, beats, stacks_sent, next_abort = 0.0, 0, 0, 0.0
     clock = steps.ClockReader(os.path.join(workdir, steps.CLOCK_FILE))
+    fence = Fence(spec.host_lost_timeout, child.kill,
+                  f"rank {rank.rank}'s supervisor (the store at {spec.store_host}:{spec.store_port})")
+    fence.start()
     stack_path = os.path.join(workdir, STACK_FILE)
     try:
         while waiter.is_alive():
@@ -246,6 +250,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
                 # step count: the driver tells a stall by counts that stopped while the beats go on.
                 beats += 1
                 store.put(beat_key(rank.rank), (beats, clock.count()))
+                fence.reached()
                 next_beat = time.monotonic() + HEARTBEAT_S
                 wanted = store.lookup(STACKS_WANTED, 0)
                 if isinstance(wanted, int) and wanted > stacks_sent:  # the driver diagnoses a stall
@@ -279,6 +284,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
         child.kill()
         waiter.join()
     watch.close()  # left waiting: the store's host releases it (spark_dist.wire.abort_watch.release)
+    fence.ended.set()
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
     if publisher is not None:  # the pipes' last lines (also those printed just before a SIGKILL)
         publisher.flush(readers)

@@ -188,6 +188,9 @@ class LaunchSpec:
     initial_world_size: int = 0
     previous_world_size: int = 0
     watch_resize: bool = False
+    # spark.dist.hostLostTimeout (0: local mode): a supervisor whose beats have not reached the store for longer
+    # stops its rank (task/fence.py): the driver goes on without its host.
+    host_lost_timeout: float = 0.0
 
     @property
     def prefix(self) -> str:

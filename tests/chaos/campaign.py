@@ -12,15 +12,17 @@ workload (tests/chaos/workload.py), and the invariants checked after every run:
 - the run's committed checkpoint is readable;
 - no rank process outlives its run; the next run gets the cluster at full size (the next run is the check; the
   campaign ends with a fault-free one). On a standalone cluster it is also checked after each run: its master
-  and workers run, and the driver counts its two task slots again within :data:`FULL_SIZE_S`;
+  and workers run, and the driver counts every worker's task slots again within :data:`FULL_SIZE_S`;
 - the driver's RSS grows by less than :data:`RSS_GROWTH_BOUND` over the whole campaign.
 
 A campaign runs on any session of two slots (``local[2]`` in the suite, with :data:`faults.KINDS`), or on the
 standalone cluster of two workers of tests/clusters.py (``cluster=`` its ``StandaloneCluster``), where it can also
-run :data:`faults.STANDALONE_KINDS` and the ``elastic`` workload (``min_processes=1``). A violation names the seed
-and the fault that reproduce it. Used by tests/chaos/test_campaign.py (a fixed seed, in the suite, on each) and
-bench/bench_chaos.py (``make soak``: any seed, any length, on ``local[2]`` or with ``--cluster standalone``;
-figures for BENCHMARKS.md).
+run :data:`faults.STANDALONE_KINDS` and the ``elastic`` workload (``min_processes=1``), or on the two-host cluster
+of tests/two_hosts.py (``cluster=`` its ``TwoHostCluster``, root only), where it can also run the host faults
+(:data:`faults.HOST_KINDS`, and :data:`faults.ELASTIC_HOST_KINDS` against the elastic workload). A violation names
+the seed and the fault that reproduce it. Used by tests/chaos/test_campaign.py (a fixed seed, in the suite, on
+each) and bench/bench_chaos.py (``make soak``: any seed, any length, on ``local[2]`` or with ``--cluster
+standalone`` or ``two_hosts``; figures for BENCHMARKS.md).
 """
 import logging
 import os
@@ -41,7 +43,8 @@ RANKS, MAX_RETRIES = workload.RANKS, 2
 FULL_SIZE_S = 120.0  # after a run on a standalone cluster, its task slots are all back within this
 # A run's extra allowance where its fault takes a JVM away: the master's replacement executor to start (a fixed-size
 # retry waits for it), and for a decommission the executor to exit and a new worker and its executor to start.
-CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0}
+CLUSTER_S = {"kill_executor": 60.0, "decommission_worker": 120.0,
+             "cut_link": 10.0}  # a host lost for good: spark.dist.hostLostTimeout to name it
 
 
 def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
@@ -70,6 +73,8 @@ def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
         hold = 0.0
         if kind == "stop_rank":
             hold = round(rng.uniform(0.5, 3.0), 1)
+        elif kind in faults.HOST_KINDS:  # well inside spark.dist.hostLostTimeout (10 s), TCP's back-off included
+            hold = round(rng.uniform(1.0, 3.0), 1)
         elif workload_name == "elastic" and kind == "kill_executor":
             hold = round(rng.uniform(5.0, 8.0), 1)
         trial = rng.randrange(tune_workload.TRIALS) if workload_name == "tune" else 0
@@ -214,6 +219,8 @@ class Campaign:
 
         if fault.kind in faults.STANDALONE_KINDS and self.cluster is None:
             raise ValueError(f"{fault.describe()} needs the standalone cluster: Campaign(..., cluster=)")
+        if fault.kind in faults.HOST_KINDS + faults.ELASTIC_HOST_KINDS and not hasattr(self.cluster, "take_down"):
+            raise ValueError(f"{fault.describe()} needs the two-host cluster: Campaign(..., cluster=TwoHostCluster)")
         if fault.workload in ("tune", "estimator"):
             return self._run_driving(index, fault)
         fault.steps = self.steps
@@ -334,14 +341,15 @@ class Campaign:
 
         if not self.cluster.is_running():
             return None, ["a JVM of the standalone cluster (its master or a worker) is gone after the run"]
+        full = max(RANKS, len(self.cluster.workers) * self.cluster.cores)  # every worker's executor back
         started = time.monotonic()
         while True:
             slots = session.task_slots(self.spark)
             waited = time.monotonic() - started
-            if slots >= RANKS:
+            if slots >= full:
                 return round(waited, 2), []
             if waited > FULL_SIZE_S:
-                return None, [f"the cluster had {slots} task slots {FULL_SIZE_S:.0f}s after the run, not {RANKS}: "
+                return None, [f"the cluster had {slots} task slots {FULL_SIZE_S:.0f}s after the run, not {full}: "
                               "the next run would not get it at full size"]
             time.sleep(0.25)
 

@@ -25,6 +25,15 @@ The standalone kinds, and what they do to the cluster:
   the child, which would break this driver's py4j connections), so the next run finds the cluster whole. Just
   before the signal, it tells the ranks to hold their training until they heard the notice (the workload's
   ``hold-for-notice``, up to :data:`NOTICE_S`): the notice then always lands mid-training, however short the run.
+
+The two-host kinds (:data:`HOST_KINDS`, :data:`ELASTIC_HOST_KINDS`; root only), on the cluster of
+tests/two_hosts.py whose ``TwoHostCluster`` the injector is given, hit the host the target rank runs on:
+
+- ``blip_link``: its link down for ``hold`` seconds, then up again (a switch port that flapped);
+- ``freeze_host``: every process in its namespace (worker and executor JVMs, Python workers, ranks) stopped
+  (SIGSTOP) for ``hold`` seconds, then continued: a gray failure, a machine that stalls without failing;
+- ``cut_link``: its link down until the run ended (then up again, as an operator brings a host back, so that the
+  next run finds the cluster whole): a host lost for good.
 """
 import json
 import os
@@ -127,11 +136,20 @@ ENDINGS = {
     # A preemption notice: rank 0 stops at its next checkpoint, a new attempt goes on from it, no retry
     # (docs/elastic.md, "Preemption notices").
     "decommission_worker": lambda f: Ending(preempted=True),
+    # A host silent for less than spark.dist.hostLostTimeout is not lost (docs/how_a_run_works.md, "Failures and
+    # retries"): its TCP connections carry on once it is back, and the run ends as the fault-free one did.
+    "blip_link": lambda f: Ending(),
+    "freeze_host": lambda f: Ending(),
+    # A host gone for good is named lost within spark.dist.hostLostTimeout, its rank first, and the elastic run
+    # goes on on the slots left (docs/elastic.md, "What happens").
+    "cut_link": lambda f: Ending(names_lost_rank=True),
 }
 STANDALONE_KINDS = ("kill_executor", "decommission_worker")  # need the standalone cluster (Injector's cluster)
 TRANSFORM_KINDS = ("kill_transform_worker",)  # need the transform workload's worker processes
+# Need the two-host cluster (tests/two_hosts.py, root): against the ddp workload, and against the elastic one.
+HOST_KINDS, ELASTIC_HOST_KINDS = ("blip_link", "freeze_host"), ("cut_link",)
 # On any session of two slots (local[2]), against the ddp workload.
-KINDS = tuple(k for k in ENDINGS if k not in STANDALONE_KINDS + TRANSFORM_KINDS)
+KINDS = tuple(k for k in ENDINGS if k not in STANDALONE_KINDS + TRANSFORM_KINDS + HOST_KINDS + ELASTIC_HOST_KINDS)
 ELASTIC_KINDS = ("kill_executor",)  # the faults the elastic workload is run with
 # The faults the sharded keep-best workload (tests/chaos/sharded_workload.py) is run with: those that stop a rank,
 # its Python worker or the driver mid-run, and the hostile client; each ends in a success with the fault-free
@@ -148,7 +166,17 @@ ESTIMATOR_KINDS = ("kill_rank", "kill_worker", "kill_transform_worker")
 HOROVOD_KINDS = ("kill_rank", "stop_rank", "kill_worker")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
+# A rank on a host cut off is stopped by its own supervisor within spark.dist.hostLostTimeout (10 s) and the fence's
+# margin (5 s) of its last beat that reached the driver, a beat before the cut at most; and a look of the fence.
+FENCED_WITHIN_S = 10.0 + 5.0 + 3.0
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)
+
+
+def _process(pid: int) -> Optional[psutil.Process]:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def executor_of(target: dict) -> Optional[psutil.Process]:
@@ -199,6 +227,8 @@ class Injector(threading.Thread):
         self.cluster = cluster
         if fault.kind in STANDALONE_KINDS and cluster is None:
             raise ValueError(f"{fault.kind} needs the standalone cluster its run runs on")
+        if fault.kind in HOST_KINDS + ELASTIC_HOST_KINDS and not hasattr(cluster, "take_down"):
+            raise ValueError(f"{fault.kind} needs the two-host cluster its run runs on (tests/two_hosts.py)")
         self.done = threading.Event()  # the run ended
         self.hostile = None
         if fault.kind == "hostile_client":  # made now: it leaves alone the ports that listen before the run
@@ -350,6 +380,48 @@ class Injector(threading.Thread):
         # process is the run's driver (see StandaloneCluster._spawn).
         self.cluster.replace_worker(worker)
         self.fault.note += f", a new worker in {time.monotonic() - started:.1f}s"
+
+    def _host(self, target) -> int:
+        """The index of the two-host cluster's host the target rank runs on."""
+        return self.cluster.hosts.index(target["host"])
+
+    def _blip_link(self, target):
+        host = self._host(target)
+        self.cluster.take_down(host)
+        try:
+            self._fired(f"host {target['host']} off the network")
+            time.sleep(self.fault.hold)
+        finally:
+            self.cluster.bring_up(host)
+
+    def _freeze_host(self, target):
+        stopped = [pid for pid in self.cluster.host_pids(self._host(target)) if self._signal(pid, signal.SIGSTOP)]
+        try:
+            self._fired(f"{len(stopped)} processes of host {target['host']}")
+            time.sleep(self.fault.hold)
+        finally:
+            for pid in stopped:
+                self._signal(pid, signal.SIGCONT)
+
+    def _cut_link(self, target):
+        """The target's host off the network until the run ended, and until the target rank is gone: cut off, it
+        can learn of no abort, so its own supervisor must stop it (spark_dist/task/fence.py) within
+        :data:`FENCED_WITHIN_S` of the cut; then back on the network."""
+        host = self._host(target)
+        self.cluster.take_down(host)
+        try:
+            self._fired(f"host {target['host']} off the network until the run ended")
+            self.done.wait()
+            rank = _process(target["pid"])
+            while rank is not None and rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE \
+                    and time.time() < self.fault.fired_at + FENCED_WITHIN_S:
+                time.sleep(0.2)
+            if rank is not None and rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE:
+                self.fault.problems.append(f"rank {self.fault.rank} (pid {target['pid']}) on the host cut off still "
+                                           f"ran {FENCED_WITHIN_S:.0f}s after the cut: its supervisor did not stop "
+                                           "it")
+        finally:
+            self.cluster.bring_up(host)
 
     def finish(self) -> None:
         """The run ended: stop what is still acting (the hostile client), wake a waiting injector; a decommission

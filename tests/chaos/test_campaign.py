@@ -72,6 +72,31 @@ def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_s
     assert runs["elastic/kill_executor"].ending != "success (attempt 0)", runs["elastic/kill_executor"]
 
 
+def test_host_faults_on_two_hosts_end_as_documented_and_leave_the_cluster_whole(
+        spark_two_hosts, spark_manager, tmp_path):
+    # One rank on each of two hosts (network namespaces). A host off the network for seconds, or its processes
+    # frozen for seconds, is not lost: the run ends with the fault-free weights. A host off the network for good
+    # is named lost, and the elastic run goes on on the slots left; brought back, the cluster is whole again.
+    from spark_dist.data import CACHE_DIR_CONF
+
+    spark_two_hosts.conf.set(CACHE_DIR_CONF, f"file://{tmp_path}")  # a disk every host sees
+    try:
+        campaign = Campaign(spark_two_hosts, str(tmp_path), SEED, cluster=spark_manager.hosts_cluster,
+                            epochs=workload.STANDALONE_EPOCHS, step_s=workload.STANDALONE_STEP_S, warm_up=False)
+        drawn = schedule(SEED, 0, faults.HOST_KINDS, each_once=True, elastic_kinds=faults.ELASTIC_HOST_KINDS)
+        for index, fault in enumerate(drawn):
+            campaign.run(index, fault)
+        found = campaign.violations() + campaign.finish()
+    finally:
+        spark_two_hosts.conf.unset(CACHE_DIR_CONF)
+    assert not found, "\n".join(found)
+    _fired_every_kind(campaign, [*faults.HOST_KINDS, *(f"elastic/{k}" for k in faults.ELASTIC_HOST_KINDS)])
+    # The lost host cost the run one attempt, no more: Spark was asked to replace the host's executor at once, so
+    # the retry's tasks went to the host left, none to the lost executor's free slot (a task that never starts).
+    lost = campaign.records[[r.fault.kind for r in campaign.records].index("cut_link")]
+    assert lost.ending == "success (attempt 1)", lost
+
+
 def test_faults_under_spark_connect_end_as_documented(spark_connect, tmp_path):
     # The DDP workload through a Spark Connect client (Spark 4 line): the store in the first task, the reports
     # at the job's end. A killed rank and a killed Python worker are retried; an interrupted client, run again

@@ -1,0 +1,48 @@
+"""A rank cut off from its driver stops itself.
+
+The driver names a host lost once its ranks' supervisors have not beaten for ``spark.dist.hostLostTimeout``, and
+goes on without them: the next attempt (or an elastic run's smaller one) starts elsewhere. A host that is only off
+the network does not know it: its ranks would go on, holding the host's slots and memory, and a rank 0 among them
+could write a checkpoint beside the next attempt's. So each supervisor fences its own rank: when none of its beats
+has reached the driver's store for :data:`FENCE_MARGIN_S` past that timeout (the driver has named the host lost
+by then), it stops the rank, as the driver would stop it could it still reach it.
+"""
+import sys
+import threading
+import time
+from typing import Callable
+
+# After the driver's hostLostTimeout: time for the driver to see the silence (it reads the beats twice a second)
+# and abort before the supervisor stops its rank, so a host back a little later still ends as "lost".
+FENCE_MARGIN_S = 5.0
+
+
+class Fence(threading.Thread):
+    """Calls ``stop`` once no :meth:`reached` came for ``host_lost_timeout`` + :data:`FENCE_MARGIN_S` seconds;
+    ``host_lost_timeout`` 0 (local mode: the ranks are the driver's own processes) fences nothing. ``what`` names
+    the rank and the store in the line the supervisor writes to its task's log when it stops the rank."""
+
+    def __init__(self, host_lost_timeout: float, stop: Callable[[], None], what: str):
+        super().__init__(daemon=True, name="spark_dist-fence")
+        self.bound = host_lost_timeout + FENCE_MARGIN_S if host_lost_timeout > 0 else 0.0
+        self.stop, self.what = stop, what
+        self.last = time.monotonic()
+        self.ended = threading.Event()
+        self.fenced = False
+
+    def reached(self) -> None:
+        """A beat reached the driver's store just now."""
+        self.last = time.monotonic()
+
+    def run(self) -> None:
+        if not self.bound:
+            return
+        while not self.ended.wait(min(1.0, self.bound / 4)):
+            silent = time.monotonic() - self.last
+            if silent > self.bound:
+                self.fenced = True
+                sys.stderr.write(f"spark_dist: {self.what} could not reach the driver's store for {silent:.0f}s: "
+                                 "the driver has named this host lost and goes on without it; the rank is "
+                                 "stopped\n")
+                self.stop()
+                return
