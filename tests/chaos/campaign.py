@@ -30,16 +30,16 @@ import random
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import List, Optional
 
 import psutil
 
-from chaos import estimator_workload, faults, horovod_workload, invariants, sharded_workload, tune_workload, workload
+from chaos import driving, faults, horovod_workload, invariants, sharded_workload, tune_workload, workload
 from chaos.faults import Fault, Injector
+from chaos.run_record import RunRecord, training_span
 
 RSS_GROWTH_BOUND = 256 << 20
-RANKS, MAX_RETRIES = workload.RANKS, 2
+RANKS, MAX_RETRIES = workload.RANKS, driving.MAX_RETRIES
 FULL_SIZE_S = 120.0  # after a run on a standalone cluster, its task slots are all back within this
 # A run's extra allowance where its fault takes a JVM away: the master's replacement executor to start (a fixed-size
 # retry waits for it), and for a decommission the executor to exit and a new worker and its executor to start.
@@ -82,27 +82,14 @@ def schedule(seed: int, count: int, kinds=faults.KINDS, each_once: bool = False,
     return drawn
 
 
-@dataclass
-class RunRecord:
-    index: int
-    fault: Fault
-    ending: str  # "success (attempt N)" or the error's class name
-    wall: float
-    bound: float
-    recovery: Optional[float]  # seconds from the fault to the next training step, when there was one
-    violations: List[str] = field(default_factory=list)
-    rss_mib: float = 0.0  # the driver's resident memory after the run
-    events: List[str] = field(default_factory=list)  # the driver's resizes and preemptions, as its history has them
-    whole_after: Optional[float] = None  # on a standalone cluster: seconds after the run until it was whole again
-
-
 class Campaign:
     """Runs faults against the workload on ``spark`` (``local[2]``, or any session with 2 slots; ``cluster``: the
     ``StandaloneCluster`` it runs on, for the standalone kinds), under ``root`` (a scratch directory the campaign
-    owns). ``epochs`` and ``step_s``: the workload's length (tests/chaos/workload.py). ``warm_up``: a first
-    fault-free run that only warms the session's Python workers (torch imported), so that the second, which
-    the faults are measured against, times a warm run; without it (a short campaign) that one run is both, and
-    its time, a little longer, only loosens the bounds."""
+    owns). ``epochs`` and ``step_s``: the workload's length (tests/chaos/workload.py). ``warm_up``: first
+    fault-free runs that only warm the session's Python workers (torch imported), one a task slot of the whole
+    cluster (two runs on the two-host cluster's 4 slots), so that the next, which the faults are measured
+    against, times a warm run; without them (a short campaign) that one run is both, and its time, a little
+    longer, only loosens the bounds."""
 
     def __init__(self, spark, root: str, seed: int, cluster=None, epochs: int = workload.EPOCHS,
                  step_s: float = workload.STEP_S, warm_up: bool = True):
@@ -110,12 +97,18 @@ class Campaign:
         self.epochs, self.step_s, self.steps = epochs, step_s, workload.steps(epochs)
         self.df = workload.dataset(spark)
         self.records: List[RunRecord] = []
-        if warm_up:
-            self._fault_free()  # the session's first run warms its Python workers: it times nothing
+        # The session's first runs warm its Python workers, one a task slot (a run takes 2 of them): they time
+        # nothing.
+        for _ in range(self._slots() // RANKS if warm_up else 0):
+            self._fault_free()
         self.expected, self.base, self.span = self._fault_free()
         self.baselines = {}  # the sharded and tune workloads' fault-free runs, each made before its first fault
         # After these runs the driver has imported what any run does (torch among it), once, which is no growth.
         self.rss_start = psutil.Process().memory_info().rss
+
+    def _slots(self) -> int:
+        """The task slots of the cluster the campaign runs on when it is whole (``RANKS`` on ``local[2]``)."""
+        return RANKS if self.cluster is None else max(RANKS, len(self.cluster.workers) * self.cluster.cores)
 
     def _fault_free(self, name: str = "ddp"):
         """A run of workload ``name`` without faults (the sharded one's result with ``"best"``, its best
@@ -129,7 +122,7 @@ class Campaign:
         wall = time.monotonic() - started
         if name == "sharded":
             out["best"] = sharded_workload.best_weights(d.best_checkpoint)
-        return out, wall, _span(beacons)
+        return out, wall, training_span(beacons)
 
     def _work(self, sharded: bool, beacons: str, workers: int) -> tuple:
         """The function a Distributor's run of the workload runs, and its arguments."""
@@ -158,46 +151,11 @@ class Campaign:
             before = psutil.Process().memory_info().rss
             self.baselines[fault.workload] = (self._fault_free(fault.workload)
                                               if fault.workload in ("sharded", "horovodrunner")
-                                              else self._fault_free_driving(fault.workload))
+                                              else driving.fault_free(self, fault.workload))
             # What its first run imports (FSDP and DCP, Optuna, Horovod) the driver keeps once: no growth of the
             # campaign's.
             self.rss_start += psutil.Process().memory_info().rss - before
         return self.baselines[fault.workload]
-
-    def _study(self, root: str, ck_root: Optional[str] = None, timeout: Optional[float] = None):
-        """A study of the tune workload, its trials' beacons under ``root``: ``(study, error)``."""
-        from spark_dist.tune import optimize
-
-        study = tune_workload.study()
-        try:
-            optimize(study, tune_workload.objective_for(root, self.epochs, self.step_s), tune_workload.TRIALS,
-                     num_processes=RANKS, metric=tune_workload.METRIC, max_concurrent=1, max_retries=MAX_RETRIES,
-                     run_timeout=timeout, checkpoint_dir=ck_root, datasets={"train": self.df})
-        except BaseException as exc:  # noqa: BLE001 -- the ending under test
-            return study, exc
-        return study, None
-
-    def _fit(self, beacons: str):
-        """A fit of the estimator workload, its beacons in ``beacons``: ``(estimator_workload.fitted(...), error)``."""
-        try:
-            model = estimator_workload.estimator(beacons, self.epochs, self.step_s).fit(self.df)
-            return estimator_workload.fitted(model, self.df), None
-        except BaseException as exc:  # noqa: BLE001 -- the ending under test
-            return None, exc
-
-    def _fault_free_driving(self, name: str):
-        """The fault-free study (``name`` "tune") or fit ("estimator"): what it decided, its wall time, and the
-        training time of its (first) run."""
-        root = tempfile.mkdtemp(dir=self.root)
-        started = time.monotonic()
-        if name == "tune":
-            study, error = self._study(root)
-            got, spanned = tune_workload.outcome(study), tune_workload.trial_beacons(root, 0)
-        else:
-            (got, error), spanned = self._fit(root), root
-        if error is not None:
-            raise error
-        return got, time.monotonic() - started, _span(spanned)
 
     def bound(self, fault: Fault) -> float:
         """How long a run with ``fault`` may take: every attempt as long as a fault-free run (one more where a
@@ -222,7 +180,7 @@ class Campaign:
         if fault.kind in faults.HOST_KINDS + faults.ELASTIC_HOST_KINDS and not hasattr(self.cluster, "take_down"):
             raise ValueError(f"{fault.describe()} needs the two-host cluster: Campaign(..., cluster=TwoHostCluster)")
         if fault.workload in ("tune", "estimator"):
-            return self._run_driving(index, fault)
+            return driving.run(self, index, fault)
         fault.steps = self.steps
         expected, _, span = self.baseline(fault)
         fault.delay = round(fault.at * span, 2)
@@ -273,57 +231,9 @@ class Campaign:
             record.violations += invariants.named_the_lost_rank(fault, told.messages)
         record.violations += fault.problems
         self._release(fault, disk)
-        return self._kept(record)
+        return self.kept(record)
 
-    def _run_driving(self, index: int, fault: Fault) -> RunRecord:
-        """A study of the tune workload with ``fault`` in its trial ``fault.trial``, or a fit (and transform) of
-        the estimator workload with ``fault`` in it. Its invariants: it ends within its bound as the fault-free
-        one did (each trial's parameters, state and values; the fit's weights, history and predictions), no
-        rank left, no Spark job left running (a lane of the study)."""
-        expected, _, span = self.baseline(fault)
-        fault.steps = self.steps
-        fault.delay = round(fault.at * span, 2)  # into the target's training (a trial's starts after the others')
-        root = tempfile.mkdtemp(dir=self.root)
-        ck_root = os.path.join(self.root, f"ck-{index}")
-        os.makedirs(ck_root, mode=0o700)
-        target = tune_workload.trial_beacons(root, fault.trial) if fault.workload == "tune" else root
-        os.makedirs(target, exist_ok=True)
-        injector = Injector(fault, target, ck_root, "", None, self.cluster)
-        started = time.monotonic()
-        injector.start()
-        try:
-            if fault.workload == "tune":
-                study, error = self._study(root, ck_root, timeout=self.bound(fault))
-            else:
-                got, error = self._fit(root)
-        finally:
-            wall = time.monotonic() - started
-            injector.finish()
-        if fault.workload == "tune":
-            got = tune_workload.outcome(study)
-            states = sorted({t[1] for t in got})
-            ending = "study: " + ", ".join(f"{sum(t[1] == s for t in got)} {s}" for s in states)
-        attempts = [int(n[1:].split("-")[0]) for n in os.listdir(target) if n.startswith("a") and n.endswith(".json")]
-        if fault.workload == "estimator":
-            ending = f"success (attempt {max(attempts, default=0)})"
-        record = RunRecord(index, fault, type(error).__name__ if error is not None else ending, round(wall, 2),
-                           round(self.bound(fault), 1), invariants.recovery(target, fault, max(attempts, default=0)))
-        if wall > self.bound(fault):
-            record.violations.append(f"took {wall:.1f}s, over its bound of {self.bound(fault):.1f}s")
-        if error is not None:
-            record.violations.append(f"it ended with {type(error).__name__}: {str(error)[:300]}"
-                                     f"{invariants.raised_at(error)}")
-        elif fault.workload == "tune":
-            record.violations += tune_workload.same_study(got, expected)
-        else:
-            record.violations += estimator_workload.same_fit(got, expected)
-        for beacons in {target, *(os.path.join(root, n) for n in os.listdir(root) if n.startswith("t"))}:
-            record.violations += invariants.no_rank_left(beacons, fault)
-        record.violations += invariants.no_job_left(self.spark)
-        record.violations += fault.problems
-        return self._kept(record)
-
-    def _kept(self, record: RunRecord) -> RunRecord:
+    def kept(self, record: RunRecord) -> RunRecord:
         """``record`` with what every run ends with: the cluster whole again (a standalone one), the driver's
         RSS; kept in the campaign's records."""
         record.whole_after, whole = self._whole_again()
@@ -341,7 +251,7 @@ class Campaign:
 
         if not self.cluster.is_running():
             return None, ["a JVM of the standalone cluster (its master or a worker) is gone after the run"]
-        full = max(RANKS, len(self.cluster.workers) * self.cluster.cores)  # every worker's executor back
+        full = self._slots()  # every worker's executor back
         started = time.monotonic()
         while True:
             slots = session.task_slots(self.spark)
@@ -408,13 +318,6 @@ class Campaign:
     def violations(self) -> List[str]:
         return [f"seed {self.seed}, run {r.index}: {r.fault.describe()} ended {r.ending}: {v}"
                 for r in self.records for v in r.violations]
-
-
-def _span(beacons: str) -> float:
-    """Rank 0's training time in the run that left ``beacons``: from its start to its last step."""
-    with open(os.path.join(beacons, "steps")) as f:
-        last = max(float(line.split()[3]) for line in f if line.strip())
-    return last - faults.beacon(beacons, 0)["time"]
 
 
 def _ending(out, error) -> str:
