@@ -31,7 +31,8 @@ bench:
 	$(call venv,$(SPARK_LINE))/bin/python bench/report.py --out BENCHMARKS.md
 
 # The fault campaign, long: FAULTS faults drawn from SEED on each line (tests/chaos, bench/bench_chaos.py), on
-# local[2], (CLUSTER=standalone) a standalone cluster of two workers it starts, or (CLUSTER=two_hosts, root) the
+# local[2], (CLUSTER=standalone) a standalone cluster of two workers it starts, (CLUSTER=connect, Spark 4) a
+# Connect server in front of local[2], or (CLUSTER=two_hosts, root) the
 # two-host cluster of tests/two_hosts.py; its figures go to bench/results/chaos[-<cluster>]-spark<line>.json and
 # BENCHMARKS.md. A violation prints the seed to rerun.
 SEED ?= 1

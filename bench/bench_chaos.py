@@ -9,6 +9,10 @@ each run that succeeded, over the wall time of all runs. Exits 1 when an invaria
 namespaces), a rank or its Python worker killed and the host kinds (a link down for seconds, a host frozen for
 seconds, and against the elastic workload a link down for good); otherwise as ``--cluster standalone``.
 
+``--cluster connect`` (Spark 4 line): the DDP workload through a Spark Connect client, its server in front of
+``local[2]`` started here; a rank or its Python worker killed, the client interrupted (the store in the first
+task, the reports at the job's end). On the 3.5 line, whose wheel has no Connect server, it says so and exits 0.
+
 ``--cluster standalone``: the standalone kinds instead (an executor JVM killed, a worker decommissioned, and the
 elastic workload with its executor killed; tests/chaos/faults.py), on a standalone cluster of two workers of one
 core that this script starts itself, as tests/clusters.py starts the suite's (``StandaloneCluster``: loopback
@@ -116,8 +120,9 @@ def start_session(master, app_name, two_hosts=False):
 
 
 def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(), sharded_kinds=(), tune_kinds=(),
-         estimator_kinds=(), horovod_kinds=()):
-    """The campaign's runs, printed as they end; ``(campaign, final violations)``."""
+         estimator_kinds=(), horovod_kinds=(), workload_name=None):
+    """The campaign's runs, printed as they end; ``(campaign, final violations)``. ``workload_name``: every fault
+    against that workload (``connect``) instead of the one it was drawn for."""
     extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
         campaign = Campaign(spark, root, args.seed, **extra)
@@ -125,6 +130,7 @@ def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(),
                          sharded_kinds=sharded_kinds, tune_kinds=tune_kinds, estimator_kinds=estimator_kinds,
                          horovod_kinds=horovod_kinds)
         for index, fault in enumerate(drawn):
+            fault.workload = workload_name or fault.workload
             record = campaign.run(index, fault)
             whole = "" if record.whole_after is None else f", whole again after {record.whole_after}s"
             print(f"[soak] {index + 1}/{args.faults} {fault.describe()}: {record.ending} in {record.wall}s{whole}"
@@ -143,6 +149,40 @@ def run_local(args):
                     horovod_kinds=faults.HOROVOD_KINDS)
     finally:
         spark.stop()
+
+
+def run_connect(args):
+    """The DDP workload through a Spark Connect client (:data:`faults.CONNECT_KINDS`), its server (in front of
+    ``local[2]``) started by this script and stopped at the end with every process it started; ``None`` on a
+    Spark line without a Connect server."""
+    from clusters import SESSION_MARKER, connect_available, describe, wait_for_no_leaks
+
+    reason = connect_available()
+    if reason:
+        print(f"[soak] no Connect soak on this Spark line: {reason}", flush=True)
+        return None
+    from connect_server import ConnectServer
+
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, os.environ.get("PYTHONPATH", "")] if p)
+    marker = os.environ[SESSION_MARKER] = f"soak-{uuid.uuid4().hex}"
+    leaks, result = [], None
+    with tempfile.TemporaryDirectory(prefix="spark_dist-soak-connect-") as tmp:
+        server = ConnectServer(tmp, "local[2]")
+        try:
+            server.start()
+            spark = server.session()
+            # As after SparkSession.builder.remote(...) in a user's process: functions build Connect columns.
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+            result = soak(spark, args, faults.CONNECT_KINDS, workload_name="connect")
+        finally:
+            server.stop()
+            leaks = wait_for_no_leaks(marker)
+            for p in leaks:
+                p.kill()
+    campaign, final = result
+    if leaks:
+        final = final + ["processes left after the server stopped (killed now):\n" + describe(leaks)]
+    return campaign, final
 
 
 def run_standalone(args, two_hosts=False):
@@ -193,10 +233,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=200)
-    parser.add_argument("--cluster", choices=("local", "standalone", "two_hosts"), default="local",
+    parser.add_argument("--cluster", choices=("local", "standalone", "two_hosts", "connect"), default="local",
                         help="local[2] and the kinds any session runs (default), a standalone cluster of two "
-                             "workers this script starts and stops, and the standalone kinds, or (root) the "
-                             "two-host cluster of tests/two_hosts.py and the host kinds")
+                             "workers this script starts and stops, and the standalone kinds, (root) the "
+                             "two-host cluster of tests/two_hosts.py and the host kinds, or a Spark Connect "
+                             "server in front of local[2] (Spark 4 line) and the DDP workload through it")
     parser.add_argument("--epochs", type=int, default=workload.STANDALONE_EPOCHS,
                         help="the workload's epochs (--cluster standalone; the suite's by default)")
     parser.add_argument("--step-s", type=float, default=workload.STANDALONE_STEP_S,
@@ -205,6 +246,12 @@ def main():
     args = parser.parse_args()
     if args.cluster in ("standalone", "two_hosts"):
         campaign, final = run_standalone(args, two_hosts=args.cluster == "two_hosts")
+    elif args.cluster == "connect":
+        args.epochs, args.step_s = workload.EPOCHS, workload.STEP_S
+        ran = run_connect(args)
+        if ran is None:
+            return 0
+        campaign, final = ran
     else:
         args.epochs, args.step_s = workload.EPOCHS, workload.STEP_S
         campaign, final = run_local(args)

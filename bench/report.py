@@ -872,9 +872,9 @@ SECTIONS = [
         "faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
         "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
         "No anchor: the goals are 100% of runs as documented and no invariant broken. A kind without a row "
-        "was not drawn by that soak (the `estimator/` and `horovodrunner/` kinds came after the last one). In "
-        "the suite only (no soak yet): the DDP workload through Spark Connect. The two-host faults have a section "
-        "of their own below."], chaos_section),
+        "was not drawn by that soak (the `estimator/` and `horovodrunner/` kinds came after the last one). "
+        "The DDP workload through Spark Connect and the two-host faults have sections of their own below."],
+     chaos_section),
     ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
         "The standalone cluster of two workers the script starts (tests/clusters.py), the DDP workload of 2 "
         "epochs with longer steps, and the faults that take a JVM away: an executor killed "
@@ -892,6 +892,12 @@ SECTIONS = [
         "workload (`min_processes=1`) its link down for good (`cut_link`): the host named lost, the run going "
         "on on the host left, the cut-off rank stopped by its own supervisor, the link then back and the "
         "cluster whole again.",
+        "No anchor: the goals are 100% of runs as documented and no invariant broken."], chaos_section),
+    ("chaos-connect", "Fault campaign through Spark Connect (`make soak CLUSTER=connect`, Spark 4)", [
+        "The DDP workload of the local campaign through a Spark Connect client, its server in front of "
+        "`local[2]` started by the script: the run's store in the first task, the reports at the job's end. "
+        "A rank or its Python worker killed (retried from the checkpoint), the client interrupted (the same "
+        "`run_id` run again resumes). The 3.5 line's wheel has no Connect server.",
         "No anchor: the goals are 100% of runs as documented and no invariant broken."], chaos_section),
 ]
 

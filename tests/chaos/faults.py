@@ -164,6 +164,9 @@ ESTIMATOR_KINDS = ("kill_rank", "kill_worker", "kill_transform_worker")
 # The faults a HorovodRunner program (tests/chaos/horovod_workload.py) is run with: a rank stopped for a moment
 # (a success), a rank or its Python worker lost (a TrainingFailedError naming it: HorovodRunner has no retries).
 HOROVOD_KINDS = ("kill_rank", "stop_rank", "kill_worker")
+# The faults the DDP workload is run with through a Spark Connect client (Spark 4 line; the "connect" workload): a
+# rank or its Python worker killed (retried), the client interrupted (the same run_id run again resumes).
+CONNECT_KINDS = ("kill_rank", "kill_worker", "interrupt_driver")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
 # A rank on a host cut off is stopped by its own supervisor within spark.dist.hostLostTimeout (10 s) and the fence's

@@ -29,7 +29,6 @@ REGRESSIONS = {"freeze_rank": Fault("freeze_rank", rank=1, at=0.46),
                "tune/kill_worker": Fault("kill_worker", rank=1, at=0.33, workload="tune", trial=2)}
 # The suite's runs of the sharded and tune workloads; the soak draws all of faults.SHARDED_KINDS and TUNE_KINDS.
 SHARDED_KINDS, TUNE_KINDS = ("interrupt_driver",), ("kill_worker",)
-CONNECT_KINDS = ("kill_rank", "kill_worker", "interrupt_driver")  # the DDP workload through Spark Connect
 
 
 def _fired_every_kind(campaign, kinds):
@@ -102,9 +101,9 @@ def test_faults_under_spark_connect_end_as_documented(spark_connect, tmp_path):
     # at the job's end. A killed rank and a killed Python worker are retried; an interrupted client, run again
     # under its run_id, resumes.
     campaign = Campaign(spark_connect, str(tmp_path), SEED, warm_up=False)
-    for index, fault in enumerate(schedule(SEED, 0, CONNECT_KINDS, each_once=True)):
+    for index, fault in enumerate(schedule(SEED, 0, faults.CONNECT_KINDS, each_once=True)):
         fault.workload = "connect"
         campaign.run(index, fault)
     found = campaign.violations() + campaign.finish()
     assert not found, "\n".join(found)
-    _fired_every_kind(campaign, [f"connect/{k}" for k in CONNECT_KINDS])
+    _fired_every_kind(campaign, [f"connect/{k}" for k in faults.CONNECT_KINDS])
