@@ -153,51 +153,38 @@ def run_local(args):
 
 def run_connect(args):
     """The DDP workload through a Spark Connect client (:data:`faults.CONNECT_KINDS`), its server (in front of
-    ``local[2]``) started by this script and stopped at the end with every process it started; ``None`` on a
-    Spark line without a Connect server."""
-    from clusters import SESSION_MARKER, connect_available, describe, wait_for_no_leaks
+    ``local[2]``) started by this script and stopped at the end; ``None`` on a Spark line without a Connect
+    server."""
+    from clusters import connect_available
 
     reason = connect_available()
     if reason:
         print(f"[soak] no Connect soak on this Spark line: {reason}", flush=True)
         return None
-    from connect_server import ConnectServer
 
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, os.environ.get("PYTHONPATH", "")] if p)
-    marker = os.environ[SESSION_MARKER] = f"soak-{uuid.uuid4().hex}"
-    leaks, result = [], None
-    with tempfile.TemporaryDirectory(prefix="spark_dist-soak-connect-") as tmp:
+    def body(tmp):
+        from connect_server import ConnectServer
+
         server = ConnectServer(tmp, "local[2]")
         try:
             server.start()
             spark = server.session()
             # As after SparkSession.builder.remote(...) in a user's process: functions build Connect columns.
             os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-            result = soak(spark, args, faults.CONNECT_KINDS, workload_name="connect")
+            return soak(spark, args, faults.CONNECT_KINDS, workload_name="connect")
         finally:
             server.stop()
-            leaks = wait_for_no_leaks(marker)
-            for p in leaks:
-                p.kill()
-    campaign, final = result
-    if leaks:
-        final = final + ["processes left after the server stopped (killed now):\n" + describe(leaks)]
-    return campaign, final
+    return own_processes("spark_dist-soak-connect-", body)
 
 
 def run_standalone(args, two_hosts=False):
-    """The standalone kinds on a cluster of this script's own, stopped at the end; its leftover processes (none
-    expected) are killed and listed as violations. ``two_hosts``: the two-host cluster of tests/two_hosts.py
-    instead (root: network namespaces), with the host kinds, the dataset cache on a disk both hosts see."""
-    from clusters import SESSION_MARKER, StandaloneCluster, describe, install_gpu_script, stop_gateway, \
-        wait_for_no_leaks
+    """The standalone kinds on a cluster of this script's own, stopped at the end. ``two_hosts``: the two-host
+    cluster of tests/two_hosts.py instead (root: network namespaces), with the host kinds, the dataset cache on a
+    disk both hosts see."""
 
-    # Before any JVM starts: executors' Python workers import tests/chaos (the workload's function is pickled by
-    # reference), and every process started from here carries a marker the leak check finds.
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, os.environ.get("PYTHONPATH", "")] if p)
-    marker = os.environ[SESSION_MARKER] = f"soak-{uuid.uuid4().hex}"
-    leaks, result = [], None
-    with tempfile.TemporaryDirectory(prefix="spark_dist-soak-cluster-") as tmp:
+    def body(tmp):
+        from clusters import StandaloneCluster, install_gpu_script, stop_gateway
+
         if two_hosts:
             from two_hosts import TwoHostCluster
 
@@ -211,19 +198,34 @@ def run_standalone(args, two_hosts=False):
 
                 spark = start_session(cluster.master_url, "spark_dist soak (two hosts)", two_hosts=True)
                 spark.conf.set(CACHE_DIR_CONF, f"file://{tmp}")
-                result = soak(spark, args, TWO_HOST_KINDS, faults.ELASTIC_HOST_KINDS, cluster)
-            else:
-                spark = start_session(cluster.master_url, "spark_dist soak (standalone)")
-                result = soak(spark, args, faults.STANDALONE_KINDS, faults.ELASTIC_KINDS, cluster)
+                return soak(spark, args, TWO_HOST_KINDS, faults.ELASTIC_HOST_KINDS, cluster)
+            spark = start_session(cluster.master_url, "spark_dist soak (standalone)")
+            return soak(spark, args, faults.STANDALONE_KINDS, faults.ELASTIC_KINDS, cluster)
         finally:
             try:
                 stop_gateway()
             finally:
                 cluster.stop()
-                leaks = wait_for_no_leaks(marker)
-                for p in leaks:
-                    p.kill()
-    campaign, final = result
+    return own_processes("spark_dist-soak-cluster-", body)
+
+
+def own_processes(prefix, body):
+    """``body(tmp)`` (a scratch directory; it stops what it started before it returns), with this script's own
+    marker on every process started meanwhile, which the leak check then finds: its ``(campaign, final
+    violations)``, a violation more for the processes left (killed now)."""
+    from clusters import SESSION_MARKER, describe, wait_for_no_leaks
+
+    # Before any JVM starts: executors' Python workers import tests/chaos (the workload's function is pickled by
+    # reference), and every process started from here carries the marker.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [TESTS, os.environ.get("PYTHONPATH", "")] if p)
+    marker = os.environ[SESSION_MARKER] = f"soak-{uuid.uuid4().hex}"
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        try:
+            campaign, final = body(tmp)
+        finally:
+            leaks = wait_for_no_leaks(marker)
+            for p in leaks:
+                p.kill()
     if leaks:
         final = final + ["processes left after the cluster stopped (killed now):\n" + describe(leaks)]
     return campaign, final
