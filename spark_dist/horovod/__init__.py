@@ -39,8 +39,10 @@ Where it differs from Horovod, and how it shows:
   process sets than the global one: ranks that issue those while another rank is in ``join()`` wait until
   torch's timeout and raise.
 * ``SyncBatchNorm`` runs on CPU tensors (Horovod's needs CUDA).
-* ``hvd.elastic.run`` syncs the state and runs the function once: no resizing (see
-  :mod:`spark_dist.horovod.torch.elastic`).
+* ``hvd.elastic`` changes the set of ranks through spark_dist's retries and elastic runs (``max_retries``,
+  ``min_processes``), not Horovod's elastic driver: each ``state.commit()`` is also the run's checkpoint, and
+  the next attempt's ``hvd.elastic.run`` starts the function again from it, on new processes, instead of a
+  reset in place (see :mod:`spark_dist.horovod.torch.elastic`).
 * ``shutdown()`` leaves torch's process groups up; a later ``init()`` reuses them.
 
 Not covered, raising ``NotImplementedError`` that names the call and says to install horovod 0.28.1: the Adasum

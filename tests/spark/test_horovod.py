@@ -1,10 +1,8 @@
 """The Horovod backend and the HorovodRunner drop-in: ``hvd.init()`` with no arguments inside a run, on
 local[2] and on the standalone cluster."""
 import contextlib
-import inspect
 import io
 import os
-import socket
 import sys
 import textwrap
 
@@ -12,13 +10,8 @@ import psutil
 import pytest
 
 from spark_dist import ConfigError, Distributor, HorovodRunner, TrainingFailedError, get_context
-from spark_dist.backends.horovod import HorovodBackend
 from spark_dist.errors import BackendUnavailableError
-from spark_dist.config import CONF_HOROVOD_IMPL, CONF_HOROVOD_RENDEZVOUS_PORT
-from spark_dist.wire.ranks import TaskInfo, assign_ranks
-from spark_dist.wire.sealed_store import bind_listener
-
-from free_ports import free_ports, session_conf
+from spark_dist.config import CONF_HOROVOD_IMPL
 
 try:
     import horovod.torch  # noqa: F401
@@ -87,6 +80,55 @@ def horovod_runner_main(scale, offset=0.0):
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="sum")
     return {"size": hvd.size(), "value": float(total) * scale + offset, "parent": os.getppid()}
+
+
+ELASTIC_ROWS, ELASTIC_BATCH, ELASTIC_EPOCHS = 64, 4, 2
+ELASTIC_STEPS = ELASTIC_EPOCHS * ELASTIC_ROWS // (2 * ELASTIC_BATCH)  # a rank's batches in a run of 2 ranks
+
+
+def train_elastic(kept, die_after=None):
+    """Horovod's elastic pattern (its examples' pytorch_mnist_elastic.py): the model, its optimizer, an
+    ElasticSampler and the epoch in a TorchState, committed after every batch. Each rank writes the samples of
+    each batch it trains to ``kept`` (a line ``<epoch> <ids...>`` in ``a<attempt>-r<rank>``); ``die_after``: rank 1
+    of the first attempt is killed right after that many batches' commits."""
+    import signal
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    ctx = get_context()
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, ELASTIC_ROWS).unsqueeze(1)
+    y = 3 * x + 1
+    model = torch.nn.Linear(1, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(list(range(ELASTIC_ROWS)), shuffle=True, seed=1)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0)
+    log = open(os.path.join(kept, f"a{ctx.attempt}-r{hvd.rank()}"), "w")
+
+    @hvd.elastic.run
+    def train(state):
+        done = 0
+        for state.epoch in range(state.epoch, ELASTIC_EPOCHS):
+            mine = list(state.sampler)
+            for b in range(0, len(mine), ELASTIC_BATCH):
+                ids = mine[b:b + ELASTIC_BATCH]
+                state.optimizer.zero_grad()
+                ((state.model(x[ids]) - y[ids]) ** 2).mean().backward()
+                state.optimizer.step()
+                log.write(f"{state.epoch} {' '.join(map(str, ids))}\n")
+                log.flush()
+                state.sampler.record_batch(b // ELASTIC_BATCH, ELASTIC_BATCH)
+                state.commit()
+                done += 1
+                if ctx.attempt == 0 and hvd.rank() == 1 and done == die_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            state.sampler.set_epoch(state.epoch + 1)
+        return {name: p.detach().clone() for name, p in state.model.named_parameters()}
+
+    return train(state)
 
 
 def ddp_allreduce():
@@ -231,3 +273,34 @@ def test_without_horovod_its_api_runs_on_torch_distributed_and_asking_for_horovo
     with pytest.raises(ConfigError, match=f"{CONF_HOROVOD_IMPL} must be one of auto, horovod, torch, got 'mpi'"):
         Distributor(2, backend="horovod", verbose=False).run(describe_ranks)
     assert Distributor(2, backend="ddp", verbose=False).run(ddp_allreduce) == 2.0
+
+
+def test_an_elastic_horovod_program_goes_on_from_its_last_commit_after_a_lost_rank(spark_local, runtime_conf,
+                                                                                   tmp_path):
+    # spark_dist's Horovod on torch.distributed: the retry starts the function again, and hvd.elastic.run restores
+    # the last commit (rank 0's checkpoint of the run) before it syncs the state: training goes on from there,
+    # every sample of each epoch trained once across the two attempts, and the weights are the uninterrupted
+    # run's, bit for bit (gloo on CPU).
+    runtime_conf(CONF_HOROVOD_IMPL, "torch")
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    for kept in (whole, broken):
+        kept.mkdir()
+        os.chmod(kept, 0o777)
+    expected = Distributor(2, backend="horovod", verbose=False).run(train_elastic, str(whole))
+    out = Distributor(2, backend="horovod", verbose=False, max_retries=1,
+                      checkpoint_dir=str(tmp_path / "checkpoints")).run(train_elastic, str(broken), die_after=5)
+    assert all(torch_equal(out[name], expected[name]) for name in expected), (out, expected)
+    lines = {name: (broken / name).read_text().splitlines() for name in ("a0-r0", "a0-r1", "a1-r0", "a1-r1")}
+    assert len(lines["a1-r0"]) == len(lines["a1-r1"]) < ELASTIC_STEPS  # went on, not from the start
+    resumed_at = ELASTIC_STEPS - len(lines["a1-r0"])  # the commits the retry went on from
+    assert resumed_at in (5, 4)  # rank 1's 5th commit; the 4th where rank 0's 5th was cut short by the abort
+    trained = lines["a0-r0"][:resumed_at] + lines["a0-r1"][:resumed_at] + lines["a1-r0"] + lines["a1-r1"]
+    for epoch in range(ELASTIC_EPOCHS):
+        ids = sorted(int(i) for line in trained if line.split()[0] == str(epoch) for i in line.split()[1:])
+        assert ids == list(range(ELASTIC_ROWS)), (epoch, ids)
+
+
+def torch_equal(a, b):
+    import torch
+
+    return torch.equal(a, b)

@@ -14,6 +14,7 @@ import queue
 import torch
 
 from ..functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from . import checkpoint
 from .sampler import ElasticSampler
 
 
@@ -48,10 +49,26 @@ class State:
         self._host_messages.put((timestamp, update_res))
 
     def commit(self):
-        """Save the state (a later ``restore()`` comes back here). Horovod also checks here for hosts that joined
-        or left; here there are none to check, and nothing is exchanged."""
+        """Save the state (a later ``restore()`` comes back here). In a spark_dist run the commit is also rank 0's
+        checkpoint of the run (``ctx.save_checkpoint``), which ``hvd.elastic.run`` restores in the next attempt:
+        after a lost rank (``max_retries``) or a change of size (``min_processes``), as Horovod's elastic driver
+        restores the last commit on its new set of workers. Where the driver asked the run to change its size
+        (a grow, a preemption notice), rank 0 raises ``spark_dist.RunResized`` here once the commit is saved, as
+        Horovod raises ``HostsUpdatedInterrupt``; the next attempt starts from it.
+
+        Raises:
+            spark_dist.RunResized: on rank 0, the run changes its size from this commit.
+        """
         self.save()
+        checkpoint.persist(self.committed())
         self.check_host_updates()
+
+    def committed(self) -> dict:
+        """The last commit, as ``commit`` checkpoints it: picklable copies of what ``restore()`` returns to."""
+        return {}
+
+    def load_committed(self, saved: dict) -> None:
+        """Make ``saved`` (what :meth:`committed` returned, in an earlier attempt) the last commit."""
 
     def check_host_updates(self):
         """Never raises HostsUpdatedInterrupt: the set of ranks does not change (see ``hvd.elastic.run``)."""
@@ -81,6 +98,12 @@ class ObjectState(State):
     def save(self):
         self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
 
+    def committed(self) -> dict:
+        return {"attributes": dict(self._saved_state)}
+
+    def load_committed(self, saved: dict) -> None:
+        self._saved_state.update(saved.get("attributes", {}))
+
     def restore(self):
         self._set_attrs()
 
@@ -102,10 +125,10 @@ class _Handler:
         self.save()
 
     def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
+        self.saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(self._saved)
+        self.value.load_state_dict(self.saved)
 
     def set_value(self, value):
         self.value = value
@@ -159,6 +182,15 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.save()
         super().save()
+
+    def committed(self) -> dict:
+        return {**super().committed(), "objects": {name: h.saved for name, h in self._handlers.items()}}
+
+    def load_committed(self, saved: dict) -> None:
+        for name, state_dict in saved.get("objects", {}).items():
+            if name in self._handlers:
+                self._handlers[name].saved = state_dict
+        super().load_committed(saved)
 
     def restore(self):
         for handler in self._handlers.values():
