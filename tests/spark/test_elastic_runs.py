@@ -13,12 +13,13 @@ import threading
 import time
 
 import psutil
+import pyspark
 import pytest
 import torch
 import torch.distributed as dist
 
 from spark_dist import Distributor, RunResized, TorchDistributor, get_context
-from spark_dist.config import CONF_MIN_PROCESSES
+from spark_dist.config import CONF_HOROVOD_IMPL, CONF_MIN_PROCESSES
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from train_fsdp import sharded_model  # noqa: E402
@@ -94,6 +95,45 @@ def elastic_train(epochs, step_seconds, lr=0.05, keep_dir=None, heard_dir=None, 
     return {"weight": model.weight.detach().clone(), "bias": model.bias.detach().clone(), "step": step}
 
 
+def hvd_elastic_train(epochs, step_seconds, heard_dir=None, fast_from_attempt=None):
+    """A linear regression written to Horovod's elastic API (hvd.elastic.run, a TorchState with the model, its
+    optimizer, an ElasticSampler over the rows and the step count, committed after every step), run by spark_dist's
+    own implementation: its commits are the run's checkpoints, so each attempt goes on from the last one; it reports
+    the rows of each step as :func:`elastic_train` does."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    ctx = get_context()
+    listen_for_notices(ctx, heard_dir)
+    x = torch.arange(ROWS, dtype=torch.float32) / ROWS
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(list(range(ROWS)), shuffle=True, seed=1)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            mine = list(state.sampler)
+            for b in range(0, len(mine), BATCH):
+                ids = torch.tensor(mine[b:b + BATCH])
+                state.optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(state.model(x[ids].view(-1, 1)), (2 * x[ids] + 1).view(-1, 1))
+                loss.backward()
+                state.optimizer.step()
+                state.step += 1
+                report_step(ctx, state.step, state.epoch, {"id": ids})
+                state.sampler.record_batch(b // BATCH, BATCH)
+                checkpoint(ctx, None, heard_dir, commit=state.commit)
+                pause(ctx, step_seconds, fast_from_attempt)
+            state.sampler.set_epoch(state.epoch + 1)
+        return {"step": state.step}
+
+    return train(state)
+
+
 def sharded_train(epochs, step_seconds, heard_dir=None, fast_from_attempt=None, batch_size=BATCH):
     """elastic_train's steps on an FSDP2 model (tests/scripts/train_fsdp.py's), with sharded checkpoints of the
     live model, optimizer and loader that reshard on load to the attempt's number of ranks."""
@@ -133,10 +173,14 @@ def report_step(ctx, step, epoch, batch):
                preempted=ctx.preempted)
 
 
-def checkpoint(ctx, state, heard_dir):
-    """``ctx.save_checkpoint``; rank 0 notes when it stopped there (RunResized goes on up: let it through)."""
+def checkpoint(ctx, state, heard_dir, commit=None):
+    """``ctx.save_checkpoint`` (or ``commit()``: an hvd.elastic state's); rank 0 notes when it stopped there
+    (RunResized goes on up: let it through)."""
     try:
-        ctx.save_checkpoint(state)
+        if commit is not None:
+            commit()
+        else:
+            ctx.save_checkpoint(state)
     except RunResized:
         if heard_dir is not None:
             with open(os.path.join(heard_dir, f"stopped-{ctx.attempt}"), "w") as f:
@@ -240,6 +284,28 @@ def test_a_decommissioned_worker_is_heard_and_a_horovod_run_shrinks_then_grows_b
     reports = assert_heard_shrunk_and_grew_back(d, tmp_path, times)
     assert out["step"] == max(r["step"] for r in reports)  # no step was trained twice in the end
     assert list(d.history_frame().dropna(subset=["event"])["world_size"]) == [2, 1, 2]
+
+
+@pytest.mark.skipif(not pyspark.__version__.startswith("3.5"),
+                    reason="spark_dist's Horovod runs alike on both lines: the 3.5 line's suite runs it")
+def test_a_horovod_elastic_program_shrinks_and_grows_back_from_its_commits(spark_standalone, standalone_cluster,
+                                                                           tmp_path):
+    # hvd.elastic on spark_dist's Horovod (no Horovod build): the decommission stops the run at rank 0's next
+    # commit, the run goes on with 1 rank from it, and grows back to 2 at a later commit; every row once an epoch.
+    spark_standalone.conf.set(CONF_HOROVOD_IMPL, "torch")
+    try:
+        d = Distributor(num_processes=2, min_processes=1, backend="horovod", verbose=False)
+        out, times = run_through_a_decommission(standalone_cluster, d, lambda: d.run(
+            hvd_elastic_train, EPOCHS, STEP_S, heard_dir=str(tmp_path), fast_from_attempt=2))
+    finally:
+        spark_standalone.conf.unset(CONF_HOROVOD_IMPL)
+    reports = assert_heard_shrunk_and_grew_back(d, tmp_path, times)
+    steps = collections.defaultdict(list)
+    for r in reports:
+        steps[r["attempt"]].append(r["step"])
+    for attempt in (1, 2):  # each attempt went on from the commit the last one stopped at, not from the start
+        assert min(steps[attempt]) == max(steps[attempt - 1]) + 1, dict(steps)
+    assert out["step"] == max(steps[2])
 
 
 def test_torch_distributor_with_the_conf_key_runs_fsdp2_elastic_on_sharded_checkpoints(spark_standalone,
