@@ -34,7 +34,8 @@ from typing import List, Optional
 
 import psutil
 
-from chaos import driving, faults, horovod_workload, invariants, sharded_workload, tune_workload, workload
+from chaos import (driving, estimator_workload, faults, horovod_workload, invariants, sharded_workload, tune_workload,
+                   workload)
 from chaos.faults import Fault, Injector
 from chaos.run_record import RunRecord, training_span
 
@@ -96,6 +97,7 @@ class Campaign:
         self.spark, self.root, self.seed, self.cluster = spark, root, seed, cluster
         self.epochs, self.step_s, self.steps = epochs, step_s, workload.steps(epochs)
         self.df = workload.dataset(spark)
+        self._images = None  # the estimator workload's rows, made by its first run
         self.records: List[RunRecord] = []
         # The session's first runs warm its Python workers, one a task slot (a run takes 2 of them): they time
         # nothing.
@@ -105,6 +107,12 @@ class Campaign:
         self.baselines = {}  # the sharded and tune workloads' fault-free runs, each made before its first fault
         # After these runs the driver has imported what any run does (torch among it), once, which is no growth.
         self.rss_start = psutil.Process().memory_info().rss
+
+    def images(self):
+        """The estimator workload's rows (JPEG bytes), made once."""
+        if self._images is None:
+            self._images = estimator_workload.images(self.spark)
+        return self._images
 
     def _slots(self) -> int:
         """The task slots of the cluster the campaign runs on when it is whole (``RANKS`` on ``local[2]``)."""

@@ -1,8 +1,9 @@
 """The campaign's workloads that the driver drives run after run (tests/chaos/campaign.py): a tuning study of
-two-rank trials on lanes (tests/chaos/tune_workload.py), the fault in one trial, and a ``TorchEstimator`` fit with
-``maxRetries`` then its model's transform (tests/chaos/estimator_workload.py). Their invariants: each ends within
-its bound as the fault-free one did (each trial's parameters, state and values; the fit's weights, history and
-predictions), no rank left, no Spark job left running (a lane of the study)."""
+two-rank trials on lanes (tests/chaos/tune_workload.py), the fault in one trial, and a ``TorchEstimator`` fit on
+JPEG bytes with ``maxRetries``, then its model's transform and a ``predict_batch_udf``
+(tests/chaos/estimator_workload.py). Their invariants: each ends within its bound as the fault-free one did (each
+trial's parameters, state and values; the fit's weights, history and both ways' predictions), no rank left, no
+Spark job left running (a lane of the study)."""
 import os
 import tempfile
 import time
@@ -33,8 +34,9 @@ def study(campaign, root: str, ck_root: Optional[str] = None, timeout: Optional[
 def fit(campaign, beacons: str):
     """A fit of the estimator workload, its beacons in ``beacons``: ``(estimator_workload.fitted(...), error)``."""
     try:
-        model = estimator_workload.estimator(beacons, campaign.epochs, campaign.step_s).fit(campaign.df)
-        return estimator_workload.fitted(model, campaign.df), None
+        df = campaign.images()
+        model = estimator_workload.estimator(beacons, campaign.epochs, campaign.step_s).fit(df)
+        return estimator_workload.fitted(model, df), None
     except BaseException as exc:  # noqa: BLE001 -- the ending under test
         return None, exc
 

@@ -1,22 +1,54 @@
-"""The campaign's ``estimator`` workload: ``TorchEstimator.fit`` on the DDP workload's rows (tests/chaos/workload.py:
-4 features ``x``, a target ``y``), its ``transformFn`` in a worker process a rank, ``maxRetries=2``, then
-``TorchModel.transform`` over the same rows. Its loss leaves the campaign's beacons and rank 0's steps as the DDP
-workload's ranks do (the estimator's training loop is spark_dist's own), so the same faults find their targets.
+"""The campaign's ``estimator`` workload: ``TorchEstimator.fit`` on JPEG bytes (one small grey image a row of the
+DDP workload's ids, drawn from the id, and its target ``y``), decoded by its ``transformFn`` in a worker process a
+rank, ``maxRetries=2``; then ``TorchModel.transform`` and spark_dist's ``predict_batch_udf`` over the same rows. Its
+loss leaves the campaign's beacons and rank 0's steps as the DDP workload's ranks do (the estimator's training
+loop is spark_dist's own), so the same faults find their targets.
 
 What the docs promise under a lost rank, Python worker or transform worker (``TorchEstimator``'s ``maxRetries``):
 the fit goes on from the last epoch that ended, to the model an uninterrupted fit gives, bit for bit; its
-predictions are then the fault-free fit's too.
+predictions, by the model's transform and by a ``predict_batch_udf`` of its weights, are then the fault-free
+fit's too.
 """
 import functools
+import io
 import os
+import sys
 import time
 
-from chaos.workload import BATCH, EPOCHS, STEP_S, beacon_of, stepped
+from chaos.workload import BATCH, EPOCHS, ROWS, STEP_S, beacon_of, stepped
+
+SIDE = 8  # the images' width and height, in pixels
 
 
-def features(batch):
-    """The ``transformFn``: the ``x`` column as the model's float input."""
-    return batch["x"].float()
+def jpeg_of(row_id: int) -> bytes:
+    """Row ``row_id``'s image: a grey gradient whose slope and offset the id decides, as JPEG bytes."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.add.outer(np.arange(SIDE), np.arange(SIDE)) * (row_id % 7 + 1) + 3 * row_id
+    out = io.BytesIO()
+    Image.fromarray((ramp % 256).astype(np.uint8), mode="L").save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def images(spark):
+    """The workload's rows: ``id``, ``content`` (JPEG bytes) and ``y`` (the DDP workload's target), in 3
+    partitions."""
+    import math
+
+    rows = [(i, jpeg_of(i), float(math.cos(i))) for i in range(ROWS)]
+    return spark.createDataFrame(rows, "id long, content binary, y float").repartition(3, "id")
+
+
+def pixels(batch):
+    """The ``transformFn`` (and the predict function's decoding): JPEG bytes -> ``[rows, SIDE * SIDE]`` floats."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    decoded = [np.asarray(Image.open(io.BytesIO(bytes(b))), dtype=np.float32).reshape(-1) / 255.0
+               for b in batch["content"]]
+    return torch.from_numpy(np.stack(decoded))
 
 
 def beaconing_mse(output, label, beacons, step_s):
@@ -37,26 +69,61 @@ def beaconing_mse(output, label, beacons, step_s):
     return torch.nn.functional.mse_loss(output.squeeze(1), label)
 
 
+def model():
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(SIDE * SIDE, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
 def estimator(beacons: str, epochs: int = EPOCHS, step_s: float = STEP_S):
     """The workload's estimator, its beacons in ``beacons``."""
     import torch
-    from torch import nn
 
     from spark_dist.ml import TorchEstimator
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    return TorchEstimator(model=model, featuresCol="x", labelCol="y",
+    return TorchEstimator(model=model(), featuresCol="content", labelCol="y",
                           loss=functools.partial(beaconing_mse, beacons=beacons, step_s=step_s),
-                          transformFn=features, transformWorkers=1, epochs=epochs, batchSize=BATCH,
-                          learningRate=0.01, scaleLearningRate=False, numProcesses=2, maxRetries=2, seed=7)
+                          transformFn=pixels, inferenceTransformFn=pixels, transformWorkers=1, epochs=epochs,
+                          batchSize=BATCH, learningRate=0.01, scaleLearningRate=False, numProcesses=2, maxRetries=2,
+                          seed=7)
 
 
-def fitted(model, df) -> dict:
-    """What a fit decided: the model's weights, its history, and its predictions of ``df``'s rows by id."""
-    predictions = {r["id"]: r["prediction"] for r in model.transform(df).select("id", "prediction").collect()}
-    return {"weights": {k: v.clone() for k, v in model.getModel().state_dict().items()},
-            "history": list(model.history), "predictions": predictions}
+def predictor(weights):
+    """``predict_batch_udf``'s ``make_predict_fn`` for a model of these weights: JPEG bytes in, a float out."""
+    def make_predict_fn():
+        import torch
+
+        net = model()
+        net.load_state_dict(weights)
+        net.eval()
+
+        def predict(content):
+            with torch.no_grad():
+                return net(pixels({"content": content})).squeeze(1).numpy()
+        return predict
+    return make_predict_fn
+
+
+def fitted(fit, df) -> dict:
+    """What a fit decided: the model's weights, its history, its predictions of ``df``'s rows by id, and those of
+    a ``predict_batch_udf`` of its weights."""
+    from pyspark import cloudpickle
+    from pyspark.sql import functions as F
+
+    from spark_dist import predict_batch_udf
+
+    weights = {k: v.clone() for k, v in fit.getModel().state_dict().items()}
+    predictions = {r["id"]: r["prediction"] for r in fit.transform(df).select("id", "prediction").collect()}
+    udf = predict_batch_udf(predictor(weights), return_type="float", batch_size=BATCH)
+    # Spark pickles the UDF by reference to this module, which Spark's Python workers cannot import (tests/ is not
+    # on their path): by value, as a notebook's own functions travel.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        by_udf = {r["id"]: r["p"] for r in df.select("id", udf(F.col("content")).alias("p")).collect()}
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    return {"weights": weights, "history": list(fit.history), "predictions": predictions, "by_udf": by_udf}
 
 
 def same_fit(got: dict, expected: dict) -> list:
@@ -66,5 +133,7 @@ def same_fit(got: dict, expected: dict) -> list:
     if got["history"] != expected["history"]:
         found.append(f"its history {got['history']} is not the fault-free fit's {expected['history']}")
     if got["predictions"] != expected["predictions"]:
-        found.append("its predictions differ from the fault-free fit's")
+        found.append("its model's transform predicts otherwise than the fault-free fit's")
+    if got["by_udf"] != expected["by_udf"]:
+        found.append("predict_batch_udf with its weights predicts otherwise than with the fault-free fit's")
     return found
