@@ -141,12 +141,21 @@ def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(),
 
 
 def run_local(args):
+    """Every workload's kinds on ``local[2]``; ``args.workloads``: only those workloads' (``ddp`` the plain one's)."""
     kinds = [k for k in faults.KINDS if os.geteuid() == 0 or k not in faults.ROOT_ONLY]
+    by_workload = {"ddp": kinds, "transform": faults.TRANSFORM_KINDS, "sharded": faults.SHARDED_KINDS,
+                   "tune": faults.TUNE_KINDS, "estimator": faults.ESTIMATOR_KINDS,
+                   "horovodrunner": faults.HOROVOD_KINDS}
+    chosen = args.workloads.split(",") if args.workloads else list(by_workload)
+    unknown = sorted(set(chosen) - set(by_workload))
+    if unknown:
+        raise SystemExit(f"--workloads: no workload {', '.join(unknown)} (there are {', '.join(by_workload)})")
+    drawn = {name: (by_workload[name] if name in chosen else ()) for name in by_workload}
     spark = start_session("local[2]", "spark_dist soak")
     try:
-        return soak(spark, args, kinds, transform_kinds=faults.TRANSFORM_KINDS, sharded_kinds=faults.SHARDED_KINDS,
-                    tune_kinds=faults.TUNE_KINDS, estimator_kinds=faults.ESTIMATOR_KINDS,
-                    horovod_kinds=faults.HOROVOD_KINDS)
+        return soak(spark, args, drawn["ddp"], transform_kinds=drawn["transform"], sharded_kinds=drawn["sharded"],
+                    tune_kinds=drawn["tune"], estimator_kinds=drawn["estimator"],
+                    horovod_kinds=drawn["horovodrunner"])
     finally:
         spark.stop()
 
@@ -244,6 +253,8 @@ def main():
                         help="the workload's epochs (--cluster standalone; the suite's by default)")
     parser.add_argument("--step-s", type=float, default=workload.STANDALONE_STEP_S,
                         help="a training step's extra seconds (--cluster standalone; the suite's by default)")
+    parser.add_argument("--workloads", help="local only: a comma-separated list of the workloads to draw faults "
+                        "for (ddp, transform, sharded, tune, estimator, horovodrunner; default all)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.cluster in ("standalone", "two_hosts"):
@@ -261,7 +272,8 @@ def main():
     save(args.out, result)
     rerun = (f"bench/bench_chaos.py --cluster {args.cluster} --seed {args.seed} --faults {args.faults} --epochs "
              f"{args.epochs} --step-s {args.step_s}" if args.cluster != "local"
-             else f"make soak SEED={args.seed} FAULTS={args.faults}")
+             else f"bench/bench_chaos.py --seed {args.seed} --faults {args.faults} --workloads {args.workloads}"
+             if args.workloads else f"make soak SEED={args.seed} FAULTS={args.faults}")
     for line in result["violations"]:
         print(f"[soak] {line}\n[soak]   reproduce: {rerun}", flush=True)
     print(f"[soak] {result['runs']} runs, {result['fired']} faults fired, {result['documented_percent']}% ended as "
