@@ -85,6 +85,7 @@ class Fault:
     steps: int = STEPS  # a rank's training steps in the run (the campaign's workload length)
     delay: float = 0.0  # about when ``at`` comes, in seconds after the rank started (for the run's bounds)
     fired_at: Optional[float] = None
+    host: Optional[str] = None  # a fault of the target's whole host (the two-host kinds): that host, once fired
     note: str = ""
     problems: list = field(default_factory=list)  # what the fault itself found broken (a violation each)
     _stopped: list = field(default_factory=list, repr=False)
@@ -413,6 +414,7 @@ class Injector(threading.Thread):
         host = self._host(target)
         self.cluster.take_down(host)
         try:
+            self.fault.host = target["host"]
             self._fired(f"host {target['host']} off the network until the run ended")
             self.done.wait()
             rank = _process(target["pid"])

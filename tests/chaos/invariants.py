@@ -99,11 +99,16 @@ class Told(logging.Handler):
 
 def named_the_lost_rank(fault: Fault, messages: List[str]) -> List[str]:
     """The first attempt failed by the fault was told naming the target rank as it was retried (its warning leads
-    with the first failure: "attempt 0 of run <id> failed (rank N on host ...)"); nothing to check where the
-    run never retried (it ended first)."""
+    with the first failure: "attempt 0 of run <id> failed (rank N on host ...)"); for a fault of a whole host
+    (``fault.host``), naming that host, whichever of its ranks leads; nothing to check where the run never
+    retried (it ended first)."""
     failed = [m for m in messages if re.search(r"attempt 0 of run \S+ failed \(", m)]
     if not failed:
         return []
+    if fault.host is not None:
+        if f" on host {fault.host}" in failed[0] and f"host {fault.host} went silent" in failed[0]:
+            return []
+        return [f"its failed attempt does not name host {fault.host}, which went off the network: {failed[0][:300]}"]
     named = re.search(r"failed \(rank (\d+) on host ", failed[0])
     if named is None or int(named.group(1)) != fault.rank:
         return [f"its failed attempt names {f'rank {named.group(1)}' if named else 'no rank'}, not rank {fault.rank} "
