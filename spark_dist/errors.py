@@ -129,7 +129,8 @@ class RankFailure:
     ``"cancelled"`` (someone cancelled the run's Spark job) or ``"resized"`` (rank 0 of an elastic run stopped
     at a checkpoint for the run to change size, see :class:`RunResized`: not a failure, the next attempt
     resumes). ``on_driver``: the rank ran as a process of the driver (``local_mode=True``), not in a Spark task;
-    it decides which memory settings a SIGKILL points to.
+    it decides which memory settings a SIGKILL points to. ``oom_killed``, for a SIGKILL: whether the kernel's OOM
+    killer counted a kill in the rank's memory cgroup while it ran (``None``: no count could be read there).
     """
 
     rank: Optional[int]
@@ -144,6 +145,7 @@ class RankFailure:
     seq: int = 0
     exception_bytes: Optional[bytes] = field(default=None, repr=False)
     on_driver: bool = False
+    oom_killed: Optional[bool] = None
 
     @property
     def secondary(self) -> bool:
@@ -195,7 +197,15 @@ class RankFailure:
             except ValueError:
                 name = str(self.signal)
             killed = f"{who} on host {self.host} was killed by signal {name} ({self.signal})"
-            return killed + (": " + sigkill_cause(self.on_driver) if self.signal == _signal.SIGKILL else "")
+            if self.signal != _signal.SIGKILL:
+                return killed
+            if self.oom_killed is False:
+                return (killed + ", not by the kernel's OOM killer (its memory cgroup counted no OOM kill while it "
+                        "ran): another process or a person on that host sent it")
+            if self.oom_killed:
+                return (killed + " by the kernel's OOM killer (its memory cgroup counted an OOM kill while it ran): "
+                        + sigkill_cause(self.on_driver, known=True))
+            return killed + ": " + sigkill_cause(self.on_driver)
         if self.kind == "timeout" and self.rank is not None:
             where = _innermost_frame(self.traceback)
             state = "was waiting in a collective" if self.in_collective else "stopped answering"
@@ -214,18 +224,21 @@ class RankFailure:
         return f"{who} on host {self.host}: {self.message}"
 
 
-def sigkill_cause(on_driver: bool) -> str:
-    """What usually sends a rank SIGKILL, and the settings to change. Nothing catches SIGKILL, so the rank says
-    nothing itself; its usual senders are the kernel's OOM killer and a cluster manager enforcing a
-    container's memory limit (YARN, Kubernetes), so the text names the memory settings of where it ran."""
+def sigkill_cause(on_driver: bool, known: bool = False) -> str:
+    """What sent a rank SIGKILL for memory, and the settings to change (``known``: the OOM killer's count says so;
+    else the usual cause, said as a guess). Nothing catches SIGKILL, so the rank says nothing itself; its usual
+    senders are the kernel's OOM killer and a cluster manager enforcing a container's memory limit (YARN,
+    Kubernetes), so the text names the memory settings of where it ran."""
     if on_driver:
-        return ("this is usually the machine running out of memory (the kernel's OOM killer; `dmesg` names the "
-                "process): local_mode=True runs every rank on the driver's machine, so free memory there, run "
-                "fewer processes or smaller batches, or, where a cluster manager sizes the driver's container, "
+        return (("the driver's machine ran out of memory" if known else
+                 "this is usually the machine running out of memory (the kernel's OOM killer; `dmesg` names the "
+                 "process)") + ": local_mode=True runs every rank on the driver's machine, so free memory there, "
+                "run fewer processes or smaller batches, or, where a cluster manager sizes the driver's container, "
                 "raise spark.driver.memoryOverhead (the room outside the JVM heap) or spark.driver.memory")
-    return ("this is usually memory: the executor's container went over its limit (YARN, Kubernetes) or the "
-            "kernel's OOM killer ended the rank on that host. Raise spark.executor.memoryOverhead (the room for "
-            "Python outside the JVM heap) or spark.executor.pyspark.memory, or spark.executor.memory, or run "
+    return (("the rank's memory ran out" if known else
+             "this is usually memory: the executor's container went over its limit (YARN, Kubernetes) or the "
+             "kernel's OOM killer ended the rank on that host") + ". Raise spark.executor.memoryOverhead (the room "
+            "for Python outside the JVM heap) or spark.executor.pyspark.memory, or spark.executor.memory, or run "
             "fewer ranks per executor or smaller batches; on a local[N] master the ranks run on the driver's "
             "machine, whose memory is what ran out")
 

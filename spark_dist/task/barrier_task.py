@@ -23,7 +23,7 @@ import traceback
 from typing import Any, Dict, Iterator, List, Optional
 
 from . import checkpoint_dirs, flight_recorder, output, rank_stack, steps
-from ..host import tempdirs
+from ..host import oom_kills, tempdirs
 from ..errors import RankFailure
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, STACKS_WANTED, Abort, LaunchSpec, ResultChunk, TaskOutcome,
                              TaskStatus, assignment_key, beat_key, clock_key, ended_key, stall_stack_key, stack_key,
@@ -236,6 +236,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     poll = 0.005
     next_beat, beats, stacks_sent, next_abort = 0.0, 0, 0, 0.0
     clock = steps.ClockReader(os.path.join(workdir, steps.CLOCK_FILE))
+    oom_before = oom_kills.count()
     fence = Fence(spec.host_lost_timeout, child.kill,
                   f"rank {rank.rank}'s supervisor (the store at {spec.store_host}:{spec.store_port})")
     fence.start()
@@ -296,7 +297,7 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
         except Exception:  # noqa: BLE001 -- the driver's store may be gone already
             pass
         clock.close()
-        return _conclude(store, rank, workdir, exit_code[0], aborted, tail)
+        return _conclude(store, rank, workdir, exit_code[0], aborted, tail, oom_before)
     finally:
         # The last write: under Spark Connect the first task stops watching (and drops the store) once every
         # rank has ended, so the failure report must be in the store before this.
@@ -315,8 +316,10 @@ def _await_stacks(store: SealedStore, world_size: int, bound: float = TIMEOUT_ST
 
 
 def _conclude(store: SealedStore, rank: RankInfo, workdir: str, exit_code, aborted: bool,
-              tail: output.StreamReader) -> TaskOutcome:
-    """The rank's outcome from how its process ended; a failure is reported (and the run aborted) here."""
+              tail: output.StreamReader, oom_before: Optional[int] = None) -> TaskOutcome:
+    """The rank's outcome from how its process ended; a failure is reported (and the run aborted) here.
+    ``oom_before``: the OOM kills counted in this process's memory cgroup as the rank started, which tells a
+    SIGKILL of the OOM killer from any other."""
     code, ended = exit_code
     failure_path = os.path.join(workdir, "failure.pkl")
     if code == 0 and not aborted:
@@ -333,8 +336,10 @@ def _conclude(store: SealedStore, rank: RankInfo, workdir: str, exit_code, abort
     if os.path.exists(failure_path):
         failure: RankFailure = pickle.loads(_read_file(failure_path))
     elif code < 0:
+        oom_after = oom_kills.count() if -code == signal.SIGKILL and oom_before is not None else None
         failure = RankFailure(rank.rank, rank.host, "signal", f"killed by signal {-code}", signal=-code,
-                              traceback=tail.text()[-4000:], time=ended)
+                              traceback=tail.text()[-4000:], time=ended,
+                              oom_killed=None if oom_after is None else oom_after > oom_before)
     else:
         failure = RankFailure(rank.rank, rank.host, "exit", "the rank process exited unexpectedly",
                               exit_code=code, traceback=tail.text()[-4000:], time=ended)

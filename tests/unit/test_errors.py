@@ -34,6 +34,15 @@ def test_a_sigkill_points_to_the_memory_settings_of_where_the_rank_ran():
     local = str(pickle.loads(pickle.dumps(TrainingFailedError([on_driver]))))  # the mark survives the trip
     assert "the machine running out of memory" in local and "local_mode=True" in local
     assert "spark.driver.memory" in local and "spark.executor" not in local
+    # Where the rank's memory cgroup counted the OOM killer's kills, no guess: it was the OOM killer, or it was not.
+    by_oom = str(TrainingFailedError([RankFailure(1, "h", "signal", "killed", signal=signal.SIGKILL,
+                                                  oom_killed=True)]))
+    assert "SIGKILL (9) by the kernel's OOM killer" in by_oom and "the rank's memory ran out" in by_oom
+    assert "usually" not in by_oom and "spark.executor.memoryOverhead" in by_oom
+    not_oom = RankFailure(1, "h", "signal", "killed", signal=signal.SIGKILL, oom_killed=False).headline()
+    assert not_oom == ("rank 1 on host h was killed by signal SIGKILL (9), not by the kernel's OOM killer (its "
+                       "memory cgroup counted no OOM kill while it ran): another process or a person on that host "
+                       "sent it")
     # Another signal was sent on purpose by someone: no guess.
     other = RankFailure(1, "h", "signal", "killed", signal=signal.SIGTERM).headline()
     assert other == "rank 1 on host h was killed by signal SIGTERM (15)"
