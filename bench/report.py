@@ -878,8 +878,8 @@ SECTIONS = [
         "weights of a fault-free run bit for bit and every row once per epoch (sharded: and a best checkpoint "
         "with the fault-free run's best weights; tune: every trial's parameters, state and reported values; "
         "estimator: the history and both ways' predictions too), the committed checkpoints readable, the time "
-        "split adding up, no rank process or Spark job left; at the end a full-size run and the driver's RSS. Per kind: "
-        "faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
+        "split adding up, no rank process or Spark job left; at the end a full-size run and the driver's RSS. "
+        "Per kind: faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
         "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
         "No anchor: the goals are 100% of runs as documented and no invariant broken. A kind without a row "
         "was not drawn by that soak (the `estimator/` and `horovodrunner/` kinds came after the last one). "
