@@ -882,9 +882,19 @@ SECTIONS = [
         "Per kind: faults that fired (a fault drawn after the run's end, or in a trial pruned first, does not), runs "
         "without a broken invariant, and the seconds from the fault to rank 0's next training step (p50 / p95).",
         "No anchor: the goals are 100% of runs as documented and no invariant broken. A kind without a row "
-        "was not drawn by that soak (the `estimator/` and `horovodrunner/` kinds came after the last one). "
+        "was not drawn by that soak: the `estimator/` and `horovodrunner/` kinds came after it and were soaked on "
+        "their own (the next section). "
         "The DDP workload through Spark Connect and the two-host faults have sections of their own below."],
      chaos_section),
+    ("chaos-estimator", "Fault campaign: the estimator and HorovodRunner workloads (`--workloads "
+     "estimator,horovodrunner`)", [
+        "The two workloads that came after the 200-fault soaks above, soaked on their own on `local[2]` "
+        "(`bench/bench_chaos.py --seed 3 --faults 30 --workloads estimator,horovodrunner`): a `TorchEstimator` fit "
+        "on JPEG bytes (`maxRetries=2`, a transform worker a rank), then its model's `transform` and a "
+        "`predict_batch_udf` of its weights, which must all equal the fault-free fit's; and a Horovod program "
+        "under `HorovodRunner(np=2)`, whose lost rank or Python worker must end in a `TrainingFailedError` naming "
+        "it (no retries, as Databricks'), and a rank stopped for a moment in the fault-free weights.",
+        "No anchor: the goals are 100% of runs as documented and no invariant broken."], chaos_section),
     ("chaos-standalone", "Fault campaign on a standalone cluster (`make soak CLUSTER=standalone`)", [
         "The standalone cluster of two workers the script starts (tests/clusters.py), the DDP workload of 2 "
         "epochs with longer steps, and the faults that take a JVM away: an executor killed "
