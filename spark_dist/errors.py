@@ -201,7 +201,8 @@ class RankFailure:
                 return killed
             if self.oom_killed is False:
                 return (killed + ", not by the kernel's OOM killer (its memory cgroup counted no OOM kill while it "
-                        "ran): another process or a person on that host sent it")
+                        "ran): another process or a person on that host sent it, or a user-space OOM daemon "
+                        "(earlyoom and the like count nothing there)")
             if self.oom_killed:
                 return (killed + " by the kernel's OOM killer (its memory cgroup counted an OOM kill while it ran): "
                         + sigkill_cause(self.on_driver, known=True))

@@ -47,6 +47,9 @@ _CANCEL_WAIT_S = 60.0
 # supervisors see the abort within 50 ms (their watches are woken by the store) and kill their ranks at once.
 _STOP_WAIT_S = 3.0
 
+# How long the driver waits for Spark to mark a silent executor removed before the next attempt is placed.
+_REPLACE_MARK_S = 2.0
+
 log = logging.getLogger("spark_dist")
 
 
@@ -211,20 +214,30 @@ class Attempt:
         return outcome_of(self.seen)
 
     def _replace_lost_executors(self, coordinator: Coordinator) -> None:
-        """The ranks of a host that went silent: Spark replaces their executors now (classic sessions), not at its
+        """The ranks whose supervisors went silent: Spark replaces their executors now (classic sessions), not at its
         own executor timeout; until then it would place the next attempt's tasks on an executor's free slots
-        there too, tasks that never start."""
-        if not coordinator.lost_ranks or self.config.local_mode:
+        there too, tasks that never start. Only those executors: another on the same host still answering keeps
+        its tasks and cached blocks. Spark marks an executor it removes at once, then waits for the cluster
+        manager's answer (up to spark.rpc.askTimeout where it cannot be reached): the driver waits for the mark,
+        not the answer."""
+        if not coordinator.silent_ranks or self.config.local_mode:
             return
-        lost = {r.rank for r in coordinator.lost_ranks}
-        tasks = [t for t, r in zip(coordinator.tasks, coordinator.ranks) if r.rank in lost]
-        replaced = session.replace_lost_executors(self.spark, tasks[0].stage, {t.partition for t in tasks}) \
-            if tasks else []
-        if replaced:
-            log.warning("spark_dist: run %s: asked Spark to replace executor%s %s on %s, silent for %gs (%s)",
-                        self.config.run_id, "s" * (len(replaced) > 1), ", ".join(replaced),
-                        ", ".join(sorted({r.host for r in coordinator.lost_ranks})), self.config.host_lost_timeout,
-                        CONF_HOST_LOST_TIMEOUT)
+        silent = set(coordinator.silent_ranks)
+        tasks = [t for t, r in zip(coordinator.tasks, coordinator.ranks) if r.rank in silent]
+        if not tasks:
+            return
+        run_id, hosts = self.config.run_id, ", ".join(sorted({r.host for r in coordinator.lost_ranks}))
+
+        def replace():
+            replaced = session.replace_lost_executors(self.spark, tasks[0].stage, {t.partition for t in tasks})
+            if replaced:
+                log.warning("spark_dist: run %s: asked Spark to replace executor%s %s on %s, silent for %gs (%s)",
+                            run_id, "s" * (len(replaced) > 1), ", ".join(replaced), hosts,
+                            self.config.host_lost_timeout, CONF_HOST_LOST_TIMEOUT)
+
+        asking = threading.Thread(target=replace, name=f"{self.tag}-replace", daemon=True)
+        asking.start()
+        asking.join(_REPLACE_MARK_S)
 
     def _run_local(self, records: List[Any]) -> None:
         """The ranks as processes on the driver, one serving thread each; their records into ``records``."""

@@ -82,6 +82,7 @@ class Coordinator:
         self.beats: Dict[int, Any] = {}  # rank -> (its beat count, when that count was first seen)
         self.next_beat_check = 0.0
         self.lost_ranks: List[RankInfo] = []  # the ranks on a host that went silent
+        self.silent_ranks: List[int] = []  # among them, those whose own supervisor's beats lapsed
         self.timed_out = False
         self.cancelled = False  # whether this coordinator cancelled the job itself
         self.resize_check = resize_check
@@ -213,7 +214,7 @@ class Coordinator:
         running = [r for r in self.ranks if r.rank not in self.ended]
         beats = self._beats([r.rank for r in running])
         self.steps.update({rank: steps for rank, (_, steps) in beats.items()})
-        silent_hosts = set()
+        silent_hosts, silent = set(), []
         for r in running:
             count = beats[r.rank][0]
             seen_count, since = self.beats.get(r.rank, (None, now))
@@ -223,7 +224,9 @@ class Coordinator:
             bound = self.config.host_lost_timeout if count else max(self.config.host_lost_timeout, 60.0)
             if now - since > bound and not self._ended(r.rank):
                 silent_hosts.add(r.host)
+                silent.append(r.rank)
         self.lost_ranks = [r for r in running if r.host in silent_hosts and not self._ended(r.rank)]
+        self.silent_ranks = silent
         if not self.lost_ranks and self.stall_asked is None and self.stall_watch.observe(
                 now, {r.rank: self.steps.get(r.rank, 0) for r in running}):
             self.stall_asked = (now, self.stall_watch.still_for(now))

@@ -65,6 +65,7 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
             yield TaskStatus(slot.task_index, TaskOutcome.ABORTED)
         return
     _preload(spec.backend)
+    oom_before = oom_kills.count()  # before any child: a kill of the OOM killer from here on is one of theirs
     started = []  # (slot, rank, child, workdir)
     workdirs = []  # every work directory made, including one whose child failed to start
     supervised = False
@@ -77,7 +78,7 @@ def serve_task(spec: LaunchSpec, slots: List[TaskInfo], start_child, in_executor
             workdirs.append(tempdirs.make("rank", f"{spec.run_id}-{spec.attempt}-r{rank.rank}"))
             steps.make_clock_file(workdirs[-1])
             started.append((slot, rank, start_child(spec, rank, env, workdirs[-1]), workdirs[-1]))
-        outcomes = _supervise_all(started, store, spec, in_executor)
+        outcomes = _supervise_all(started, store, spec, in_executor, oom_before)
         supervised = True
         checkpoint_dirs.remove_after_success(spec, store, outcomes)  # once the whole run succeeded
         for (slot, rank, _, workdir), outcome in zip(started, outcomes):
@@ -119,18 +120,19 @@ def serve_rank(spec: LaunchSpec, task: TaskInfo, start_child, in_executor: bool 
     return serve_task(spec, [task], start_child, in_executor)
 
 
-def _supervise_all(started, store: SealedStore, spec: LaunchSpec, in_executor: bool) -> List[TaskOutcome]:
+def _supervise_all(started, store: SealedStore, spec: LaunchSpec, in_executor: bool,
+                   oom_before: Optional[int] = None) -> List[TaskOutcome]:
     """Supervise the task's children together: a single child here, several in a thread each (each with its
     own store connection); their outcomes in order."""
     if len(started) == 1:
         _, rank, child, workdir = started[0]
-        return [_supervise(child, store, spec, rank, workdir, in_executor)]
+        return [_supervise(child, store, spec, rank, workdir, in_executor, oom_before)]
     outcomes: List[Any] = [None] * len(started)
 
     def supervise(i):
         _, rank, child, workdir = started[i]
         try:
-            outcomes[i] = _supervise(child, join_run_store(spec), spec, rank, workdir, in_executor)
+            outcomes[i] = _supervise(child, join_run_store(spec), spec, rank, workdir, in_executor, oom_before)
         except BaseException as exc:  # noqa: BLE001 -- re-raised below, in the task's own thread
             outcomes[i] = exc
 
@@ -214,9 +216,10 @@ _ABORT_REPORT_GRACE_S = 0.5
 
 
 def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank: RankInfo,
-               workdir: str, in_executor: bool = True) -> TaskOutcome:
+               workdir: str, in_executor: bool = True, oom_before: Optional[int] = None) -> TaskOutcome:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
-    report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.task.output`)."""
+    report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.task.output`).
+    ``oom_before``: the OOM kills counted in this process's memory cgroup before the child started."""
     # Lines are buffered and published only when the driver shows them; the stderr tail always stays.
     lines = output.LineBuffer() if output.relays(spec.relay_output, rank.rank) else None
 
@@ -236,7 +239,6 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
     poll = 0.005
     next_beat, beats, stacks_sent, next_abort = 0.0, 0, 0, 0.0
     clock = steps.ClockReader(os.path.join(workdir, steps.CLOCK_FILE))
-    oom_before = oom_kills.count()
     fence = Fence(spec.host_lost_timeout, child.kill,
                   f"rank {rank.rank}'s supervisor (the store at {spec.store_host}:{spec.store_port})")
     fence.start()
@@ -251,9 +253,9 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
                 # step count: the driver tells a stall by counts that stopped while the beats go on.
                 beats += 1
                 store.put(beat_key(rank.rank), (beats, clock.count()))
-                fence.reached()
                 next_beat = time.monotonic() + HEARTBEAT_S
                 wanted = store.lookup(STACKS_WANTED, 0)
+                fence.reached()  # after a round trip: a put is only sent, the answer to a lookup came back
                 if isinstance(wanted, int) and wanted > stacks_sent:  # the driver diagnoses a stall
                     stacks_sent = wanted
                     stack = rank_stack.dump(child.pid, stack_path)
@@ -291,6 +293,9 @@ def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank:
         publisher.flush(readers)
     for reader in readers:
         reader.join(timeout=2.0)
+    if fence.fenced:  # cut off from the driver, which went on without this host: nothing to report, nor a way to
+        clock.close()
+        return TaskOutcome.ABORTED
     try:
         try:  # the rank's clock as it left it (also when it was killed): the driver splits the run's time with it
             store.put(clock_key(rank.rank), clock.read())

@@ -300,6 +300,9 @@ class Campaign:
                 found += invariants.same_training(out, expected, self.epochs, weights=not shrunk)
             if promised.preempted and fault.fired_at is not None:
                 found += invariants.went_on_after_a_preemption(out, events)
+            if promised.not_lost and fault.fired_at is not None and out["attempt"] != 0:
+                found.append(f"it took {out['attempt'] + 1} attempts where the docs promise none lost: a host silent "
+                             "for less than spark.dist.hostLostTimeout is not lost")
         elif fault.fired_at is None or type(error).__name__ != (promised.error or ""):
             found.append(f"ended with {type(error).__name__}: {str(error)[:300]}{invariants.raised_at(error)}")
         else:

@@ -58,6 +58,8 @@ class Ending:
     exception (``cause``); ``rerun``: the same run_id run again then succeeds with the fault-free weights;
     ``may_succeed``: the fault may hit nothing the run still needs (a disk filled after the last save, a
     damaged checkpoint with a whole one before it), and then the run succeeds with the same weights;
+    ``not_lost``: the fault costs no attempt (a host silent for less than spark.dist.hostLostTimeout is not lost):
+    the run succeeds at attempt 0;
     ``preempted``: a run that needed more than one attempt went on after a preemption notice (a ``"preempted"``
     event in the driver's history), not by a retry (docs/elastic.md: such a restart is no retry);
     ``names_lost_rank``: the attempt the fault failed names the target rank as it is retried (docs/how_a_run_works.md:
@@ -69,6 +71,7 @@ class Ending:
     may_succeed: bool = False
     preempted: bool = False
     names_lost_rank: bool = False
+    not_lost: bool = False
 
 
 @dataclass
@@ -139,8 +142,8 @@ ENDINGS = {
     "decommission_worker": lambda f: Ending(preempted=True),
     # A host silent for less than spark.dist.hostLostTimeout is not lost (docs/how_a_run_works.md, "Failures and
     # retries"): its TCP connections carry on once it is back, and the run ends as the fault-free one did.
-    "blip_link": lambda f: Ending(),
-    "freeze_host": lambda f: Ending(),
+    "blip_link": lambda f: Ending(not_lost=True),
+    "freeze_host": lambda f: Ending(not_lost=True),
     # A host gone for good is named lost within spark.dist.hostLostTimeout, its rank first, and the elastic run
     # goes on on the slots left (docs/elastic.md, "What happens").
     "cut_link": lambda f: Ending(names_lost_rank=True),
@@ -170,9 +173,9 @@ HOROVOD_KINDS = ("kill_rank", "stop_rank", "kill_worker")
 CONNECT_KINDS = ("kill_rank", "kill_worker", "interrupt_driver")
 ROOT_ONLY = ("full_disk",)  # a small tmpfs under the checkpoint directory needs a mount
 EXECUTOR_EXIT_S = 60.0  # a decommissioned executor exits this soon after the run left it (else: a violation)
-# A rank on a host cut off is stopped by its own supervisor within spark.dist.hostLostTimeout (10 s) and the fence's
-# margin (5 s) of its last beat that reached the driver, a beat before the cut at most; and a look of the fence.
-FENCED_WITHIN_S = 10.0 + 5.0 + 3.0
+# A rank on a host cut off is stopped by its own supervisor within twice spark.dist.hostLostTimeout (10 s) of its
+# last beat that reached the driver, a beat before the cut at most; and a look of the fence.
+FENCED_WITHIN_S = 2 * 10.0 + 3.0
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)
 
 
@@ -181,6 +184,13 @@ def _process(pid: int) -> Optional[psutil.Process]:
         return psutil.Process(pid)
     except psutil.NoSuchProcess:
         return None
+
+
+def _running(process: Optional[psutil.Process]) -> bool:
+    try:
+        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def executor_of(target: dict) -> Optional[psutil.Process]:
@@ -416,15 +426,19 @@ class Injector(threading.Thread):
         try:
             self.fault.host = target["host"]
             self._fired(f"host {target['host']} off the network until the run ended")
-            self.done.wait()
-            rank = _process(target["pid"])
-            while rank is not None and rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE \
-                    and time.time() < self.fault.fired_at + FENCED_WITHIN_S:
+            rank, gone_at = _process(target["pid"]), None
+            deadline = self.fault.fired_at + FENCED_WITHIN_S
+            while not (self.done.is_set() and (gone_at is not None or time.time() > deadline)):
+                if gone_at is None and not _running(rank):
+                    gone_at = time.time()
                 time.sleep(0.2)
-            if rank is not None and rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE:
-                self.fault.problems.append(f"rank {self.fault.rank} (pid {target['pid']}) on the host cut off still "
-                                           f"ran {FENCED_WITHIN_S:.0f}s after the cut: its supervisor did not stop "
-                                           "it")
+            if gone_at is None or gone_at - self.fault.fired_at > FENCED_WITHIN_S:
+                self.fault.problems.append(
+                    f"rank {self.fault.rank} (pid {target['pid']}) on the host cut off still ran "
+                    f"{FENCED_WITHIN_S:.0f}s after the cut: its supervisor did not stop it in time"
+                    + ("" if gone_at is None else f" (it ended {gone_at - self.fault.fired_at:.1f}s after)"))
+            else:
+                self.fault.note += f", the cut-off rank stopped {gone_at - self.fault.fired_at:.1f}s after the cut"
         finally:
             self.cluster.bring_up(host)
 

@@ -42,7 +42,7 @@ def test_a_sigkill_points_to_the_memory_settings_of_where_the_rank_ran():
     not_oom = RankFailure(1, "h", "signal", "killed", signal=signal.SIGKILL, oom_killed=False).headline()
     assert not_oom == ("rank 1 on host h was killed by signal SIGKILL (9), not by the kernel's OOM killer (its "
                        "memory cgroup counted no OOM kill while it ran): another process or a person on that host "
-                       "sent it")
+                       "sent it, or a user-space OOM daemon (earlyoom and the like count nothing there)")
     # Another signal was sent on purpose by someone: no guess.
     other = RankFailure(1, "h", "signal", "killed", signal=signal.SIGTERM).headline()
     assert other == "rank 1 on host h was killed by signal SIGTERM (15)"
