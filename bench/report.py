@@ -223,6 +223,8 @@ GOALS = [
      lambda d: ratio_pair(d, "spark_dist/torchrun")[0], lambda v: v >= 0.97, lambda v: f"{v:.3f}"),
     ("steady", "Horovod steps/s, spark_dist / horovodrun >= 0.97 (ratio of medians)",
      lambda d: ratio_pair(d, "spark_dist_horovod/horovodrun")[0], lambda v: v >= 0.97, lambda v: f"{v:.3f}"),
+    ("horovod", "Horovod's API on torch.distributed: 100 MB all-reduce bandwidth / Horovod's >= 1.0 (median of 5)",
+     lambda d: d["allreduce_torch_vs_horovod"], lambda v: v >= 1.0, lambda v: f"{v:.2f}x"),
     ("steady", "Horovod's API on torch.distributed (nothing built) steps/s / horovodrun >= 1.0 (ratio of medians)",
      lambda d: ratio_pair(d, "spark_dist_horovod_torch/horovodrun")[0], lambda v: v >= 1.0, lambda v: f"{v:.3f}"),
     ("step_clock", "Timing every step (stalls, stragglers, goodput) costs <= 1% of steps/s (ratio of medians)",
@@ -312,6 +314,11 @@ def horovod_section(figures):
         ("`horovod.spark.run`, first / warm median", launch("horovod_spark_run")),
         ("**horovod.spark.run / spark_dist, warm**", lambda d: f"**{d['ratio_warm']:.1f}x**"),
         ("100 MB all-reduce, Horovod (gloo)", lambda d: f"{d['allreduce_horovod']['mb_per_s']:,.0f} MB/s"),
+        ("100 MB all-reduce, Horovod's API on torch.distributed (`spark_dist.horovod`)",
+         lambda d: f"{d['allreduce_horovod_torch']['mb_per_s']:,.0f} MB/s" if "allreduce_horovod_torch" in d
+         else "-"),
+        ("**its bandwidth / Horovod's** (goal >= 1.0, #58)",
+         lambda d: f"**{d['allreduce_torch_vs_horovod']:.2f}x**" if "allreduce_torch_vs_horovod" in d else "-"),
         ("100 MB all-reduce, DDP (gloo)", lambda d: f"{d['allreduce_ddp_gloo']['mb_per_s']:,.0f} MB/s"),
     ], figures)
 
