@@ -92,7 +92,7 @@ def check_fork_after_cuda(handle, use_gpu):
 
     from spark_dist.driver import attempt as classic_launch
 
-    from spark_dist.task import barrier_task as worker
+    from spark_dist.task import child_process as worker
     from spark_dist.ml.training import train_ranks
 
     if use_gpu:

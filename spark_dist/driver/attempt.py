@@ -29,7 +29,8 @@ from typing import Any, List, NamedTuple, Optional
 from ..config import CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, RunConfig
 from ..spark import session
 from ..task import checkpoint_dirs, output
-from ..task.barrier_task import serve_rank, spawn_child
+from ..task.barrier_task import serve_rank
+from ..task.child_process import spawn_child
 from ..task.partition import run_partition
 from ..wire import abort_watch
 from ..wire.protocol import ABORT, Abort, LaunchSpec

@@ -3,24 +3,20 @@ of a multi-GPU task.
 
 The Spark side (:func:`~spark_dist.task.partition.run_partition`, the barrier stage's ``mapInArrow``
 function) hands its slots to :func:`serve_task`: it joins the run's store, publishes where they run, reads
-their ranks, then runs the training code in a child process per rank and supervises them. Spark tasks *fork*
-the child from the reused Python worker, where torch is already imported (a fresh ``import torch`` takes
-seconds; a worker that has initialised CUDA spawns instead); local mode spawns a fresh interpreter.
+their ranks, then runs the training code in a child process per rank (:mod:`spark_dist.task.child_process`:
+forked from the reused Python worker in a Spark task, spawned in local mode) and supervises them.
 The child is its own process group, dies with its parent (PR_SET_PDEATHSIG) and is killed by the supervisor
 as soon as any rank's failure sets the run's abort key, so a rank blocked in a collective never hangs the run.
 """
 from __future__ import annotations
 
-import atexit
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import threading
 import time
-import traceback
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from . import checkpoint_dirs, flight_recorder, output, rank_stack, steps
 from ..host import oom_kills, tempdirs
@@ -28,14 +24,14 @@ from ..errors import RankFailure
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, STACKS_WANTED, Abort, LaunchSpec, ResultChunk, TaskOutcome,
                              TaskStatus, assignment_key, beat_key, clock_key, ended_key, stall_stack_key, stack_key,
                              task_key)
-from ..host.parent_death import die_with_parent
+from .child_process import ChildProcess
 from .fence import Fence
-from .rank_process import STACK_FILE, child_main, exit_rank, join_run_store
+from .rank_process import STACK_FILE, join_run_store
 from ..wire.abort_watch import AbortWatch
 from ..wire.ranks import RankInfo, TaskInfo, with_gloo_interface
 from ..wire.sealed_store import SealedStore
 from ..wire.store_log import StoreLog
-from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run, warmed
+from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
@@ -156,17 +152,6 @@ def _preload(backend: str) -> None:
             pass  # the rank's own import reports it
 
 
-def _unsafe_to_fork() -> bool:
-    """A forked rank cannot use CUDA once this worker has initialised it."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 -- a torch without CUDA support
-        return False
-
-
 def _read_file(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -175,47 +160,10 @@ def _read_file(path: str) -> bytes:
 # --------------------------------------------------------------------------------------------------------
 # Supervision
 # --------------------------------------------------------------------------------------------------------
-class _ChildProcess:
-    """A rank process: pid, a way to wait for its exit code (negative = killed by that signal), and the
-    read ends of its stdout and stderr."""
-
-    def __init__(self, pid: int, stdout_fd: int, stderr_fd: int, popen: Optional[subprocess.Popen] = None):
-        self.pid = pid
-        self.stdout_fd, self.stderr_fd = stdout_fd, stderr_fd
-        self._popen = popen
-
-    def wait(self) -> int:
-        if self._popen is not None:
-            return self._popen.wait()
-        _, status = os.waitpid(self.pid, 0)
-        return os.waitstatus_to_exitcode(status)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # the child leads its own group: its helpers go too
-        except ProcessLookupError:  # a child just forked may not lead its group yet: it alone, then
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def reap(self) -> None:
-        """Wait for the (killed) child and close its pipes: nothing of it is left in this process."""
-        try:
-            self.wait()
-        except ChildProcessError:  # already reaped
-            pass
-        for fd in (self.stdout_fd, self.stderr_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
 _ABORT_REPORT_GRACE_S = 0.5
 
 
-def _supervise(child: _ChildProcess, store: SealedStore, spec: LaunchSpec, rank: RankInfo,
+def _supervise(child: ChildProcess, store: SealedStore, spec: LaunchSpec, rank: RankInfo,
                workdir: str, in_executor: bool = True, oom_before: Optional[int] = None) -> TaskOutcome:
     """Wait for the child; kill it when the run aborts (first dumping its stack when the run timed out);
     report its failure. Relays its output lines to the driver meanwhile (see :mod:`spark_dist.task.output`).
@@ -351,65 +299,3 @@ def _conclude(store: SealedStore, rank: RankInfo, workdir: str, exit_code, abort
     StoreLog(store, FAILURES, writer=f"supervisor{rank.rank}").append(failure)
     store.put(ABORT, Abort.RANK_FAILED)
     return TaskOutcome.FAILED
-
-
-# --------------------------------------------------------------------------------------------------------
-# Starting the child
-# --------------------------------------------------------------------------------------------------------
-def fork_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
-    """Fork the rank from this (warm) Python worker; spawn it instead where forking is unsafe: this worker
-    has initialised CUDA (a GPU ``transform`` ran here, say)."""
-    warmed()
-    if _unsafe_to_fork():
-        return spawn_child(spec, rank, env, workdir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    out_read, out_write = os.pipe()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 70
-        try:
-            os.close(read_fd)
-            os.close(out_read)
-            os.setpgid(0, 0)
-            die_with_parent()
-            os.dup2(out_write, 1)
-            os.dup2(write_fd, 2)
-            os.close(write_fd)
-            os.close(out_write)
-            # A pipe makes Python buffer stdout by blocks: line by line, so a SIGKILL loses no printed line.
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.reconfigure(line_buffering=True)
-                except (AttributeError, ValueError):  # not a TextIOWrapper here
-                    pass
-            atexit._clear()  # the Python worker's exit handlers are not the rank's to run
-            code = child_main(spec, rank, env, workdir)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            exit_rank(code)
-    os.close(write_fd)
-    os.close(out_write)
-    return _ChildProcess(pid, out_read, read_fd)
-
-
-def spawn_child(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: str) -> _ChildProcess:
-    """Start the rank as a fresh interpreter (local mode: the driver is no place to fork from)."""
-    payload = os.path.join(workdir, "launch.pkl")
-    with open(os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
-        pickle.dump((spec, rank, env, workdir), f)
-    # No preexec_fn (unsafe with the driver's threads): the child sets its parent-death signal itself.
-    # sys.path, not only PYTHONPATH: inside an executor Spark puts --py-files and addPyFile zips (maybe
-    # spark_dist itself, and the user's modules) on sys.path at run time.
-    python_path = os.pathsep.join(p for p in sys.path if p)
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "spark_dist.task.local_rank", payload, str(os.getpid())],
-        env={**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1", **env},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    stdout_fd, stderr_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
-    popen.stdout.close()
-    popen.stderr.close()
-    return _ChildProcess(popen.pid, stdout_fd, stderr_fd, popen)

@@ -15,7 +15,8 @@ from typing import Iterator
 from ..wire.lanes import LaneFailure, LaneSpec, records_key, run_key, started_key
 from ..wire.sealed_store import SealedStore, join_store
 from ..wire.sealing import lane_run_secret
-from .barrier_task import fork_child, serve_task
+from .barrier_task import serve_task
+from .child_process import fork_child
 from .partition import task_slots
 
 IDLE_WAIT_S = 3600.0  # one wait for the next run; the loop waits on until the lane closes or its store is gone

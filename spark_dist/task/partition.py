@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional
 from ..spark.session import records_batch
 from ..wire.protocol import LaunchSpec, TaskOutcome, TaskStatus
 from ..wire.ranks import TaskInfo
-from .barrier_task import fork_child, serve_task
+from .barrier_task import serve_task
+from .child_process import fork_child
 
 # (spec with the store's host, serve) -> the first task's records: hosts the store, runs the coordinator
 HostStore = Callable[[LaunchSpec, Callable[[], List[Any]]], List[Any]]

@@ -16,7 +16,7 @@ import traceback
 from typing import Dict, Optional
 
 from ..errors import RankFailure, RunResized
-from ..horovod import IMPL_ENV, install_as_horovod
+from ..horovod import IMPL_ENV, install_as_horovod, run_checkpoint
 from ..wire.protocol import INPUT_STATS_KEY, PROGRESS, REPORTS, RESIZE, Job, LaunchSpec
 from ..wire.ranks import RankInfo
 from ..wire.sealed_store import SealedStore, join_store
@@ -74,6 +74,9 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
     os.environ.update(env)
     if env.get(IMPL_ENV) == "torch":  # backend="horovod" on spark_dist.horovod: `import horovod.torch` finds it
         install_as_horovod(force=True)
+        # hvd.elastic's commits are the run's checkpoints (spark_dist.horovod.run_checkpoint)
+        run_checkpoint.attach(lambda obj: context.get_context().save_checkpoint(obj),
+                              lambda: context.get_context().load_checkpoint())
     teardown.keep_process_groups_until_exit()  # a rank that frees its DDP model could hang at exit otherwise
     faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints the Python stack into the captured stderr
     # The supervisor asks for the stack (on a timeout, a stall) and reads it from a file of its own, so that the

@@ -4,7 +4,7 @@ import signal
 import subprocess
 import sys
 
-from spark_dist.task import barrier_task
+from spark_dist.task import barrier_task, child_process
 from spark_dist.wire.protocol import ABORT, FAILURES, Abort, LaunchSpec, TaskOutcome
 from spark_dist.wire.ranks import RankInfo
 from spark_dist.wire.sealed_store import SealedStore, host_store
@@ -19,7 +19,7 @@ def child_killed_after(seconds):
     fds = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
     popen.stdout.close()
     popen.stderr.close()
-    return barrier_task._ChildProcess(popen.pid, *fds, popen)
+    return child_process.ChildProcess(popen.pid, *fds, popen)
 
 
 def test_a_rank_killed_while_a_peers_failure_aborts_the_run_is_reported_as_killed(tmp_path):

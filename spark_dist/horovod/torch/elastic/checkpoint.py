@@ -16,18 +16,11 @@ import pickle
 import sys
 from typing import Optional
 
+from ... import run_checkpoint
+
 KEY = "horovod_elastic_state"  # the checkpoint's entry holding the commit (State.committed())
 _resumed = False  # hvd.elastic.run restored the run's commit in this process already
 _warned = False  # a state that cannot be pickled was told once
-
-
-def _context():
-    from spark_dist.task.context import get_context
-
-    try:
-        return get_context()
-    except RuntimeError:  # not in a spark_dist run
-        return None
 
 
 def persist(committed: dict) -> None:
@@ -37,11 +30,11 @@ def persist(committed: dict) -> None:
         spark_dist.RunResized: on rank 0, the driver asked the run to change its size (from this checkpoint).
     """
     global _warned
-    ctx = _context()
-    if ctx is None:
+    hooks = run_checkpoint.attached()
+    if hooks is None:
         return
     try:
-        ctx.save_checkpoint({KEY: committed})
+        hooks[0]({KEY: committed})
     except (pickle.PicklingError, AttributeError, TypeError) as exc:  # what torch.save raises for such objects
         if not _warned:
             _warned = True
@@ -54,11 +47,11 @@ def resume(state) -> Optional[dict]:
     commit and its current values, the first time in this process; returns it, else ``None``. ``state.sync()``
     then gives every rank rank 0's."""
     global _resumed
-    ctx = _context()
-    if ctx is None or _resumed:
+    hooks = run_checkpoint.attached()
+    if hooks is None or _resumed:
         return None
     _resumed = True
-    saved = ctx.load_checkpoint()
+    saved = hooks[1]()
     if not isinstance(saved, dict) or not isinstance(saved.get(KEY), dict):
         return None
     state.load_committed(saved[KEY])
