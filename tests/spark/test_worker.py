@@ -1,4 +1,4 @@
-"""spark_dist.task.barrier_task: how a task starts its rank. Forking the warm Python worker is the fast path; a worker
+"""spark_dist.task.child_process: how a task starts its rank. Forking the warm Python worker is the fast path; a worker
 where forking is unsafe spawns a fresh interpreter instead."""
 import os
 import sys
@@ -9,7 +9,7 @@ import torch
 
 from clusters import _wait_for
 from spark_dist import Distributor
-from spark_dist.task import warm_imports, barrier_task as worker
+from spark_dist.task import barrier_task, warm_imports, child_process as worker
 
 
 def test_a_worker_that_initialised_cuda_spawns_its_rank(monkeypatch):
@@ -148,10 +148,10 @@ def test_a_task_whose_second_rank_fails_to_start_reaps_the_first_and_leaves_no_w
         os.close(out_write)
         os.close(err_write)
         started.append(pid)
-        return worker._ChildProcess(pid, out_read, err_read)
+        return worker.ChildProcess(pid, out_read, err_read)
 
     with pytest.raises(OSError, match="no more processes"):
-        list(worker.serve_task(spec, slots, start_child))
+        list(barrier_task.serve_task(spec, slots, start_child))
     with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left in this long-lived worker
         os.waitpid(started[0], os.WNOHANG)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("spark_dist-rank-")] == []
