@@ -237,8 +237,8 @@ def _supervise(child: ChildProcess, store: SealedStore, spec: LaunchSpec, rank: 
     watch.close()  # left waiting: the store's host releases it (spark_dist.wire.abort_watch.release)
     fence.ended.set()
     child.kill()  # what the rank started and left running (a loader's workers, a server) ends with it
-    if publisher is not None:  # the pipes' last lines (also those printed just before a SIGKILL)
-        publisher.flush(readers)
+    if publisher is not None and not fence.fenced:  # the pipes' last lines (also those printed before a SIGKILL)
+        publisher.flush(readers)  # (cut off, they could not reach the driver: they stay in the executor log)
     for reader in readers:
         reader.join(timeout=2.0)
     if fence.fenced:  # cut off from the driver, which went on without this host: nothing to report, nor a way to

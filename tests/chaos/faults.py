@@ -179,16 +179,9 @@ FENCED_WITHIN_S = 2 * 10.0 + 3.0
 NOTICE_S = 30.0  # the ranks hold their training this long at most for a decommission's notice (within seconds)
 
 
-def _process(pid: int) -> Optional[psutil.Process]:
+def alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
-
-
-def _running(process: Optional[psutil.Process]) -> bool:
-    try:
-        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -426,10 +419,10 @@ class Injector(threading.Thread):
         try:
             self.fault.host = target["host"]
             self._fired(f"host {target['host']} off the network until the run ended")
-            rank, gone_at = _process(target["pid"]), None
+            gone_at = None
             deadline = self.fault.fired_at + FENCED_WITHIN_S
             while not (self.done.is_set() and (gone_at is not None or time.time() > deadline)):
-                if gone_at is None and not _running(rank):
+                if gone_at is None and not alive(target["pid"]):
                     gone_at = time.time()
                 time.sleep(0.2)
             if gone_at is None or gone_at - self.fault.fired_at > FENCED_WITHIN_S:

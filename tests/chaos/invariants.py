@@ -6,10 +6,8 @@ import os
 import re
 from typing import List, Optional
 
-import psutil
-
 from chaos import faults, workload
-from chaos.faults import Fault
+from chaos.faults import Fault, alive
 
 
 def same_training(out, expected, epochs: int, weights: bool = True) -> List[str]:
@@ -180,13 +178,6 @@ def recovery(beacons: str, fault: Fault, final_attempt: int) -> Optional[float]:
     after = sorted(t for a, t in steps if t > fault.fired_at and (later(a) or not final_attempt))
     needed = 0 if final_attempt else 1
     return round(after[needed] - fault.fired_at, 3) if len(after) > needed else None
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def kill(pid: int) -> None:
