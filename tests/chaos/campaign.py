@@ -216,7 +216,9 @@ class Campaign:
         except BaseException as exc:  # noqa: BLE001 -- the ending under test (KeyboardInterrupt included)
             error = exc
         finished = d  # the Distributor whose run ended it (the rerun's, after an interrupted run)
+        rerun_at = None
         if fault.ending().rerun and isinstance(error, KeyboardInterrupt):
+            rerun_at = time.time()
             try:  # the same run_id again: it resumes from the interrupted one's checkpoint
                 finished = Distributor(num_processes=RANKS, max_retries=MAX_RETRIES, timeout=self.bound(fault),
                                        verbose=False, log_ranks="none", checkpoint_dir=ck_root, run_id=run_id)
@@ -228,7 +230,7 @@ class Campaign:
         wall = time.monotonic() - started
         events = [r for r in d.history if r.get("event")]
         record = RunRecord(index, fault, _ending(out, error), round(wall, 2), round(self.bound(fault), 1),
-                           None if error is not None else invariants.recovery(beacons, fault, out["attempt"]),
+                           None if error is not None else invariants.recovery(beacons, fault, out["attempt"], rerun_at),
                            events=[f"{e['event']} to {e['world_size']} ranks at attempt {e['attempt']} "
                                    f"({e['reason']})" for e in events])
         record.violations += self._check(fault, out, error, wall, run_dir, beacons, events, expected)

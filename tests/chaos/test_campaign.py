@@ -5,10 +5,11 @@ tuning study's trial); every run's invariants hold (tests/chaos/campaign.py says
 :data:`faults.KINDS` run on the shared local[2] session; the standalone kinds (:data:`faults.STANDALONE_KINDS`: an
 executor JVM killed, a worker decommissioned) and the elastic workload (``min_processes=1``, its executor killed
 while its worker is held for seconds: the retry runs on the slot left, then grows back) on the standalone cluster
-of two workers, which each run leaves whole; the host faults on the two-host cluster (3.5 line); the DDP workload's
-Connect faults through a Connect client (Spark 4 line). The workload is shorter here than in a soak, for the
-suite's time. ``make soak`` runs them long, with any seed (bench/bench_chaos.py; ``CLUSTER=standalone``,
-``two_hosts`` or ``connect`` for the other parts)."""
+of two workers, which each run leaves whole (Spark 4 line); the host faults on the two-host cluster (3.5 line); the
+DDP workload's Connect faults through a Connect client (Spark 4 line). Each cluster's part runs on one line here,
+for the suite's time (at most 4 minutes a line), and on both in a soak; the workload is shorter here than there.
+``make soak`` runs them long, with any seed (bench/bench_chaos.py; ``CLUSTER=standalone``, ``two_hosts`` or
+``connect`` for the other parts)."""
 import os
 
 import pyspark
@@ -57,6 +58,9 @@ def test_every_fault_kind_ends_as_documented_and_leaves_the_cluster_whole(spark_
                                  *(f"sharded/{k}" for k in SHARDED_KINDS), *(f"tune/{k}" for k in TUNE_KINDS)])
 
 
+@pytest.mark.skipif(pyspark.__version__.startswith("3.5"),
+                    reason="the standalone faults run in the Spark 4 line's suite, the two-host ones in 3.5's; both "
+                           "lines in make soak CLUSTER=standalone")
 def test_standalone_faults_end_as_documented_and_leave_the_cluster_whole(spark_standalone, standalone_cluster,
                                                                          tmp_path):
     campaign = Campaign(spark_standalone, str(tmp_path), SEED, cluster=standalone_cluster,
