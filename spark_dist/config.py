@@ -24,6 +24,7 @@ CONF_MIN_PROCESSES = "spark.dist.minProcesses"
 CONF_MAX_PREEMPTIONS = "spark.dist.maxPreemptions"
 CONF_MAX_SHORT_GROWS = "spark.dist.maxShortGrows"
 CONF_HOST_LOST_TIMEOUT = "spark.dist.hostLostTimeout"
+CONF_REPLACE_LOST_EXECUTORS = "spark.dist.replaceLostExecutors"
 CONF_RENDEZVOUS_TIMEOUT = "spark.dist.rendezvousTimeout"
 CONF_ABORT_GRACE = "spark.dist.abortGracePeriod"
 CONF_COLLECTIVE_TIMEOUT = "spark.dist.collectiveTimeout"
@@ -39,8 +40,8 @@ RUNTIME_KEYS = ("spark.ssl.enabled", CONF_CHECKPOINT_DIR, CONF_ALLOW_UNENCRYPTED
                 CONF_DEEPSPEED_DISTRIBUTOR_IGNORE_SSL,
                 CONF_SLOT_WAIT, CONF_RETRY_SLOT_WAIT, CONF_MIN_PROCESSES, CONF_MAX_PREEMPTIONS, CONF_MAX_SHORT_GROWS,
                 CONF_RENDEZVOUS_TIMEOUT, CONF_ABORT_GRACE,
-                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_STORE_PORT, CONF_HOROVOD_RENDEZVOUS_PORT,
-                CONF_HOROVOD_IMPL, CONF_STALL_TIMEOUT, CONF_STALL_ACTION)
+                CONF_COLLECTIVE_TIMEOUT, CONF_HOST_LOST_TIMEOUT, CONF_REPLACE_LOST_EXECUTORS, CONF_STORE_PORT,
+                CONF_HOROVOD_RENDEZVOUS_PORT, CONF_HOROVOD_IMPL, CONF_STALL_TIMEOUT, CONF_STALL_ACTION)
 CONF_TASK_GPUS = "spark.task.resource.gpu.amount"
 
 BACKENDS = ("ddp", "horovod")
@@ -160,6 +161,9 @@ class RunConfig:
     rendezvous_timeout: float = 300.0
     abort_grace_period: float = 5.0
     host_lost_timeout: float = 10.0  # ranks silent this long (no heartbeat) mean their host is lost
+    # Then the driver asks Spark to replace their executors (what Spark does at its own executor timeout); a user
+    # who would rather leave their cluster to Spark turns it off.
+    replace_lost_executors: bool = True
     collective_timeout: Optional[float] = None  # default timeout of init_process_group in the ranks
     # No rank finished a step for this long while all are alive: the driver diagnoses a stall from their stacks.
     # Five minutes: longer than a step, a checkpoint or an evaluation of most runs, and well before the
@@ -237,7 +241,8 @@ class RunConfig:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
             timeout = float(timeout)
-        if run_id is not None and (not isinstance(run_id, str) or not run_id.replace("-", "").replace("_", "").isalnum()):
+        if run_id is not None and (not isinstance(run_id, str)
+                                   or not run_id.replace("-", "").replace("_", "").isalnum()):
             raise ConfigError(f"run_id must be letters, digits, '-' or '_', got {run_id!r}")
         if checkpoint_dir:
             checkpoint_dir = checkpoint_root(os.fspath(checkpoint_dir), "checkpoint_dir")
@@ -295,6 +300,7 @@ class RunConfig:
             rendezvous_timeout=conf_seconds(conf, CONF_RENDEZVOUS_TIMEOUT, 300.0),
             abort_grace_period=conf_seconds(conf, CONF_ABORT_GRACE, 5.0),
             host_lost_timeout=conf_seconds(conf, CONF_HOST_LOST_TIMEOUT, 10.0),
+            replace_lost_executors=conf_bool(conf, CONF_REPLACE_LOST_EXECUTORS, True),
             collective_timeout=conf_seconds(conf, CONF_COLLECTIVE_TIMEOUT, 0.0) or None,
             stall_timeout=conf_seconds(conf, CONF_STALL_TIMEOUT, 300.0),
             stall_action=conf_choice(conf, CONF_STALL_ACTION, STALL_ACTIONS, "warn"),

@@ -220,8 +220,9 @@ class Attempt:
         there too, tasks that never start. Only those executors: another on the same host still answering keeps
         its tasks and cached blocks. Spark marks an executor it removes at once, then waits for the cluster
         manager's answer (up to spark.rpc.askTimeout where it cannot be reached): the driver waits for the mark,
-        not the answer."""
-        if not coordinator.silent_ranks or self.config.local_mode:
+        not the answer. Not with ``spark.dist.replaceLostExecutors=false``: the retry may then be placed there
+        until Spark's own timeout."""
+        if not coordinator.silent_ranks or self.config.local_mode or not self.config.replace_lost_executors:
             return
         silent = set(coordinator.silent_ranks)
         tasks = [t for t, r in zip(coordinator.tasks, coordinator.ranks) if r.rank in silent]

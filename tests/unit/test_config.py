@@ -129,3 +129,26 @@ def test_min_processes_comes_from_its_conf_key_and_fills_whole_gpu_tasks():
     with pytest.raises(RuntimeError, match=r"min_processes \(3\) must be a multiple of 'spark.task.resource.gpu"):
         RunConfig.build(num_processes=4, min_processes=3, use_gpu=True,
                         spark_conf={"spark.task.resource.gpu.amount": "2"})
+
+
+def test_replacing_a_lost_hosts_executors_is_on_by_default_and_a_conf_key_leaves_it_to_spark(monkeypatch):
+    # A lost host's executors: the driver asks Spark to replace them unless the user keeps their cluster to Spark.
+    import types
+
+    from spark_dist.driver import attempt
+    from spark_dist.wire.ranks import RankInfo, TaskInfo
+
+    asked = []
+    monkeypatch.setattr(attempt.session, "replace_lost_executors",
+                        lambda spark, stage, partitions: asked.append(partitions) or ["0"])
+    rank = RankInfo(rank=1, local_rank=0, world_size=2, local_world_size=1, node_rank=1, num_nodes=2,
+                    host="10.0.0.3")
+    task = TaskInfo(1, "10.0.0.3", executor="10.0.0.3:40000", stage=7)
+    lost = types.SimpleNamespace(silent_ranks=[1], tasks=[task], ranks=[rank], lost_ranks=[rank])
+    for conf, replaced in (({}, [{1}]), ({"spark.dist.replaceLostExecutors": "false"}, [])):
+        asked.clear()
+        config = RunConfig.build(num_processes=2, spark_conf={"spark.master": "spark://m:7077", **conf})
+        attempt.Attempt._replace_lost_executors(types.SimpleNamespace(config=config, spark=None, tag="t"), lost)
+        assert asked == replaced
+    with pytest.raises(ConfigError, match="spark.dist.replaceLostExecutors"):
+        RunConfig.build(num_processes=2, spark_conf={"spark.dist.replaceLostExecutors": "sometimes"})
