@@ -217,9 +217,11 @@ def test_an_elastic_run_goes_on_with_the_host_left_then_grows_back_when_it_retur
 
 def train_for_a_while(marker_dir=None):
     dist.init_process_group("gloo")
-    if marker_dir is not None:  # every rank is in its training loop from here: the test may take a host down
-        open(os.path.join(marker_dir, f"rank{dist.get_rank()}"), "w").close()
-    for _ in range(600):  # ~60 s of steps, far longer than the test waits
+    for step in range(600):  # ~60 s of steps, far longer than the test waits
+        if step == 20 and marker_dir is not None:
+            # Two seconds into training: the supervisors' heartbeats have reached the driver (a rank that never
+            # beat is given 60 s: its worker may still be importing torch), and the test may take a host down.
+            open(os.path.join(marker_dir, f"rank{dist.get_rank()}"), "w").close()
         dist.all_reduce(torch.ones(1))
         time.sleep(0.1)
     return "finished"
