@@ -61,6 +61,7 @@ from spark_dist.config import RunConfig  # noqa: E402
 from spark_dist.driver.coordinator import Coordinator  # noqa: E402
 from spark_dist.task import output  # noqa: E402
 from spark_dist.task.barrier_task import ABORT_POLL_S, HEARTBEAT_S, _assignments  # noqa: E402
+from spark_dist.task.rank_process import REPORT_CONFIRM_EVERY  # noqa: E402
 from spark_dist.wire.abort_watch import AbortWatch, release  # noqa: E402
 from spark_dist.wire.protocol import (ABORT, ARRIVED, PROGRESS, REPORTS, STACKS_WANTED, LaunchSpec,  # noqa: E402
                                       beat_key, task_key)
@@ -248,10 +249,11 @@ class SimRank:
         self.sup.lookup(STACKS_WANTED, 0)
 
     def report(self, steps: int) -> None:
-        """A ``ctx.report(loss=..., step=...)``, as ``TrainContext.report`` builds it."""
-        self.reports.append({"rank": self.rank, "attempt": 0, "time": time.time(), "loss": 1.0 / (1 + steps),
-                             "step": steps})
+        """A ``ctx.report(loss=..., step=...)``, as ``TrainContext.report`` builds it and ``_Reporter`` sends it (a
+        round trip every REPORT_CONFIRM_EVERY records)."""
         self.reports_sent += 1
+        self.reports.append({"rank": self.rank, "attempt": 0, "time": time.time(), "loss": 1.0 / (1 + steps),
+                             "step": steps}, confirm=self.reports_sent % REPORT_CONFIRM_EVERY == 0)
 
     def print_lines(self, steps: int) -> None:
         """LINES_PER_PRINT lines of LINE_BYTES, read from the rank's stdout (the StreamReader's part)."""

@@ -840,20 +840,20 @@ SECTIONS = [
         "real supervisor does), rank 0 also its loader's progress 4 times a second, for 60 s. The driver's CPU is "
         "its process's user + system time over the window, as a fraction of one core.",
         "Goals (#57): at 1,024 ranks the driver below 25% of a core, its RSS growth below 256 MiB, a report's p99 "
-        "below 2 s. The CPU goal is still missed at 1,024 ranks (on a 2-core machine that also runs the 1,024 "
-        "stand-ins), now by less: the supervisors no longer poll `abort` 5 times a second (the watch waits in the "
-        "store, woken at once on an abort), which took a supervisor and its rank from about 12-14 requests a "
-        "second to 6, and the store's server thread from 22.7% to 16.7% of a core. What is left is each record's "
-        "cost (a report and an output chunk a rank and second: push, length and the driver's pop, then opening "
-        "it) and the heartbeat with its look at `stacks`; the next steps are the driver's side (its watch loop "
-        "drains the output log 100 times a second while ranks print) and folding the `stacks` look into a second "
-        "watch (one more connection a rank). This run shared the machine with another engineer's Spark tests "
-        "(load 2 to 6): at 1,024 ranks the stand-ins fell behind (beat lag p99 0.43 s), their publishers waited "
-        "for room in the output log (7.9 requests a rank and second, not 6) and the report p99 grew faster than "
-        "the ranks.",
-        "Before the watch (2026-11-29, same machine, alone on it): 6.2% / 12.9% / 33.4% of a core at 64 / 256 / "
-        "1,024 ranks (server thread 2.9% / 7.8% / 22.7%), 11-14 requests a rank and second, report p99 43 / 150 / "
-        "1698 ms."],
+        "below 2 s. The CPU goal is still missed at 1,024 ranks, on a 2-core machine that also runs the 1,024 "
+        "stand-ins: 31.2% of a core. Each rank and second the driver takes two records (a report and an output "
+        "chunk), a pop each, and opens them; the store's server thread answers the ranks' 5.1 requests a second "
+        "and those pops. Reaching 25% takes fewer records, not cheaper ones: a supervisor that carries its rank's "
+        "reports in its output records would halve them (not done: a report would then wait for the next "
+        "publish).",
+        "History, all at 1,024 ranks on this machine. 2026-11-29, alone on it: 33.4% (server thread 22.7%), 11-14 "
+        "requests a rank and second, report p99 1,698 ms. The supervisors then learned of an abort from a woken "
+        "wait on the store (`wire/abort_watch.py`), not 5 looks a second: 6 requests a rank and second; measured "
+        "beside another engineer's Spark tests, 28.9% (the stand-ins fell behind, offering less load: beat lag "
+        "p99 0.43 s). 2026-11-30, alone, the same code: 37.3% in a 30 s window (6.0 requests a rank and second, "
+        "the stand-ins on time). Then, in this table: the driver reads the beats once a heartbeat, not twice; "
+        "opening a record no longer imports twice and formats its key once; a rank's reports take a round trip "
+        "every 8 records, not each (the rest confirmed once at its end): 5.1 requests a rank and second."],
      driver_scale_section),
     ("elastic", "A lost host: elastic runs against a fixed-size retry", [
         "The two-host cluster of the tests (a standalone worker of 2 cores in each of two network namespaces, "

@@ -17,9 +17,9 @@ from ..config import RunConfig
 from .outcome import AttemptEvidence, JobError
 from .stall import STACKS_WAIT_S, RankStack, StallDiagnosis, StallWatch, diagnose
 from ..task.output import OutputRelay
-from ..wire.protocol import (ABORT, ARRIVED, FAILURES, LOG_KEY, PROGRESS, REPORTS, RESIZE, RUN_SUCCEEDED,
-                             STACKS_WANTED, Abort, LaunchSpec, SlotAssignment, assignment_key, beat_key, clock_key,
-                             ended_key, stack_key, stall_stack_key, task_key)
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, HEARTBEAT_S, LOG_KEY, PROGRESS, REPORTS, RESIZE,
+                             RUN_SUCCEEDED, STACKS_WANTED, Abort, LaunchSpec, SlotAssignment, assignment_key, beat_key,
+                             clock_key, ended_key, stack_key, stall_stack_key, task_key)
 from ..wire.ranks import RankInfo, TaskInfo, assign_ranks
 from ..wire.sealed_store import FORGED, SealedStore
 from ..wire.store_log import StoreLog
@@ -204,13 +204,13 @@ class Coordinator:
     def _silent_hosts(self, now: float) -> bool:
         """Whether a host went silent: its ranks' supervisors stopped beating (a host off the network, a
         frozen machine) for ``spark.dist.hostLostTimeout``; Spark itself notices only after its executor
-        heartbeat timeout (60-120 s). Sets ``lost_ranks`` to every unfinished rank on such hosts. Read every
-        half second; a rank that never beat yet (its worker still importing torch) gets 60 s at least. A beat is
-        a sealed, rising number: only one higher than the last seen counts, so a peer can neither forge nor
-        replay one."""
+        heartbeat timeout (60-120 s). Sets ``lost_ranks`` to every unfinished rank on such hosts. Read once a
+        beat (HEARTBEAT_S); a rank that never beat yet (its worker still importing torch) gets 60 s at least. A
+        beat is a sealed, rising number: only one higher than the last seen counts, so a peer can neither forge
+        nor replay one."""
         if now < self.next_beat_check:
             return False
-        self.next_beat_check = now + 0.5
+        self.next_beat_check = now + HEARTBEAT_S  # a beat comes this often: a look in between finds nothing new
         running = [r for r in self.ranks if r.rank not in self.ended]
         beats = self._beats([r.rank for r in running])
         self.steps.update({rank: steps for rank, (_, steps) in beats.items()})

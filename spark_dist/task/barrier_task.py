@@ -21,9 +21,9 @@ from typing import Any, Iterator, List, Optional
 from . import checkpoint_dirs, flight_recorder, output, rank_stack, steps
 from ..host import oom_kills, tempdirs
 from ..errors import RankFailure
-from ..wire.protocol import (ABORT, ARRIVED, FAILURES, STACKS_WANTED, Abort, LaunchSpec, ResultChunk, TaskOutcome,
-                             TaskStatus, assignment_key, beat_key, clock_key, ended_key, stall_stack_key, stack_key,
-                             task_key)
+from ..wire.protocol import (ABORT, ARRIVED, FAILURES, HEARTBEAT_S, STACKS_WANTED, Abort, LaunchSpec, ResultChunk,
+                             TaskOutcome, TaskStatus, assignment_key, beat_key, clock_key, ended_key, stall_stack_key,
+                             stack_key, task_key)
 from .child_process import ChildProcess
 from .fence import Fence
 from .rank_process import STACK_FILE, join_run_store
@@ -35,7 +35,6 @@ from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
-HEARTBEAT_S = 1.0  # each rank's supervisor writes its next sealed beat/<rank> number this often
 # A supervisor learns of the run's abort from its AbortWatch, woken by the store; it looks at the key this often
 # only where the watch cannot wait (a forged value sits in the key, or the watch's connection failed).
 ABORT_POLL_S = 0.2

@@ -27,6 +27,7 @@ from .warm_imports import IMPORTED_DYNAMO
 
 
 STACK_FILE = "stack.txt"  # in the rank's work directory: where its Python stack goes when its supervisor asks
+REPORT_CONFIRM_EVERY = 8  # ctx.report's records between two round trips to the store (see _Reporter)
 
 
 def join_run_store(spec: LaunchSpec) -> SealedStore:
@@ -142,6 +143,10 @@ def child_main(spec: LaunchSpec, rank: RankInfo, env: Dict[str, str], workdir: s
         return 1
     finally:
         context._set_context(None)
+        try:
+            reporter.flush()
+        except Exception:  # noqa: BLE001 -- the store is gone: the run is over for this rank anyway
+            pass
         # A rank that trained imported torch._dynamo (torch.optim's step does): the worker warms up for the next
         # run. A rank forked from a worker already warm has it anyway; the warm-up then has nothing to do.
         if "torch._dynamo" in sys.modules:
@@ -208,6 +213,7 @@ class _Reporter:
         self._spec, self._rank = spec, rank
         self._store: Optional[SealedStore] = None
         self._log: Optional[StoreLog] = None
+        self._unconfirmed = 0  # records pushed since the last round trip
 
     def _connected(self) -> SealedStore:
         if self._store is None:
@@ -216,8 +222,21 @@ class _Reporter:
         return self._store
 
     def __call__(self, record: dict) -> None:
+        # A round trip every REPORT_CONFIRM_EVERY records, not each: a report costs the driver's store one
+        # request, and no more than that many are ever in flight from a rank. The rest is confirmed at the end
+        # (flush), before the supervisor says the rank ended: the driver's last drain then finds every report.
         self._connected()
-        self._log.append(record)
+        self._unconfirmed += 1
+        confirm = self._unconfirmed >= REPORT_CONFIRM_EVERY
+        self._log.append(record, confirm=confirm)
+        if confirm:
+            self._unconfirmed = 0
+
+    def flush(self) -> None:
+        """Return once every report sent is in the store (a round trip, when one is not confirmed yet)."""
+        if self._unconfirmed and self._log is not None:
+            self._log.confirm()
+            self._unconfirmed = 0
 
     def progress(self, value: tuple) -> None:
         self._connected().put(PROGRESS, value)

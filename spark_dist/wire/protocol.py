@@ -63,6 +63,7 @@ PROGRESS = "progress"
 RUN_SUCCEEDED = "succeeded"
 RESIZE = "resize"
 STACKS_WANTED = "stacks"
+HEARTBEAT_S = 1.0  # each rank's supervisor writes its next sealed beat/<rank> number this often
 REPORT_KEYS = ("rank", "attempt", "time")  # what every ``reports`` record carries besides the user's metrics
 LOG_KEY = "_log"  # a ``reports`` record holding a log_to_driver message, not metrics
 INPUT_STATS_KEY = "_input_stats"  # a ``reports`` record holding a rank's input statistics, not metrics

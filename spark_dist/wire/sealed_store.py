@@ -9,6 +9,7 @@ secret can name.
 from __future__ import annotations
 
 import errno
+import functools
 import pickle
 import socket
 import time
@@ -92,7 +93,11 @@ class SealedStore:
     def _opened(self, name: str, blob: bytes):
         """The value in ``blob`` if it was sealed under ``name`` with this store's secret (opened before
         anything is unpickled), else ``FORGED``."""
-        data = self._sealer.open_sealed(self.key(name), blob)
+        return self._opened_at(self.key(name), blob)
+
+    def _opened_at(self, key: str, blob: bytes):
+        """:meth:`_opened`, for the store key ``key`` itself."""
+        data = self._sealer.open_sealed(key, blob)
         return FORGED if data is None else pickle.loads(data)
 
     def put(self, name: str, value) -> None:
@@ -122,8 +127,8 @@ class SealedStore:
 
     def get_many(self, names: Sequence[str]) -> List[Any]:
         """The values of ``names`` (which must all exist) in one round trip; a forged one is ``FORGED``."""
-        blobs = self.raw.multi_get([self.key(n) for n in names])
-        return [self._opened(n, blob) for n, blob in zip(names, blobs)]
+        keys = [self.key(n) for n in names]
+        return [self._opened_at(k, blob) for k, blob in zip(keys, self.raw.multi_get(keys))]
 
     def put_many(self, values: Dict[str, Any]) -> None:
         """``put`` for each name, in one round trip."""
@@ -148,13 +153,12 @@ class SealedStore:
     def pop(self, queue: str):
         """The oldest value of ``queue``, removed from the store; ``EMPTY`` when there is none and ``FORGED``
         for a value we did not seal (removed unread all the same)."""
-        from torch.distributed import QueueEmptyError
-
+        key = self.key(queue)
         try:
-            blob = self.raw.queue_pop(self.key(queue), False)
-        except QueueEmptyError:
+            blob = self.raw.queue_pop(key, False)
+        except _queue_empty():
             return EMPTY
-        return self._opened(queue, blob)
+        return self._opened_at(key, blob)
 
     def queue_len(self, queue: str) -> int:
         return int(self.raw.queue_len(self.key(queue)))
@@ -199,6 +203,14 @@ class _Marker:
 
 EMPTY = _Marker("EMPTY")  # pop: the queue holds nothing
 FORGED = _Marker("FORGED")  # a value that did not open: not sealed by us, or moved from another key
+
+
+@functools.lru_cache(maxsize=None)
+def _queue_empty():
+    """torch's ``QueueEmptyError`` (imported on first use: this module loads without torch)."""
+    from torch.distributed import QueueEmptyError
+
+    return QueueEmptyError
 
 
 def host_store(host: str, timeout: float, listener: Optional[socket.socket] = None):

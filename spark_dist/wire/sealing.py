@@ -52,11 +52,13 @@ class Sealer:
     """Seals and opens values under one secret (see the module docstring)."""
 
     def __init__(self, secret: bytes):
+        from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         if len(secret) < 16:
             raise ValueError("a sealing secret must hold at least 16 random bytes")
         self._aead = AESGCM(derive(secret, "value key"))
+        self._invalid_tag = InvalidTag
         self.key_id = derive(secret, "key id", _KEY_ID_BYTES)
 
     def seal(self, label: str, data: bytes) -> bytes:
@@ -66,8 +68,6 @@ class Sealer:
 
     def open_sealed(self, label: str, blob: bytes) -> Optional[bytes]:
         """The data sealed in ``blob`` under ``label`` with this secret, else ``None`` (nothing of it is read)."""
-        from cryptography.exceptions import InvalidTag
-
         if len(blob) <= _HEADER or blob[:1] != VERSION:
             return None
         if not hmac.compare_digest(blob[1:1 + _KEY_ID_BYTES], self.key_id):
@@ -75,6 +75,5 @@ class Sealer:
         nonce = blob[1 + _KEY_ID_BYTES:_HEADER]
         try:
             return self._aead.decrypt(nonce, blob[_HEADER:], label.encode())
-        except InvalidTag:
+        except self._invalid_tag:
             return None
-

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from .sealed_store import EMPTY, FORGED, SealedStore
 
@@ -35,11 +35,19 @@ class StoreLog:
         self.dropped = 0  # the reader's: forged or replayed records popped and dropped
 
     # -- the writers' side --------------------------------------------------------------------------------
-    def append(self, value: Any) -> int:
+    def append(self, value: Any, confirm: bool = True) -> Optional[int]:
         """Append ``value``; returns the records now waiting to be taken (this one included). Returns only
-        once the store holds it: the length is a round trip after the push on the same connection."""
+        once the store holds it: the length is a round trip after the push on the same connection.
+        ``confirm=False``: the push alone, returning ``None``; the store applies a connection's requests in
+        order, so the next round trip on it (:meth:`confirm`) returns once this record is in."""
         with self._lock:
             self.store.push(self.name, (self.writer, next(self._seq), value))
+            return self.store.queue_len(self.name) if confirm else None
+
+    def confirm(self) -> int:
+        """A round trip: once it returns, every record this writer appended is in the store; returns the records
+        waiting to be taken."""
+        with self._lock:
             return self.store.queue_len(self.name)
 
     def has_room(self, max_unread: int) -> bool:

@@ -78,3 +78,13 @@ def test_a_writer_sees_how_many_records_wait_and_whether_it_has_room(stores):
     assert log.has_room(4) and not log.has_room(3)
     StoreLog(reader, "output").take(limit=1)
     assert log.has_room(3)
+
+
+def test_a_writer_may_push_without_a_round_trip_and_confirm_them_all_at_once(stores):
+    # ctx.report's records: a round trip every few records, the rest confirmed once at the rank's end.
+    reader, writer = stores
+    mine = StoreLog(writer, "reports", "rank0")
+    assert [mine.append(step, confirm=False) for step in range(3)] == [None] * 3
+    assert mine.confirm() == 3  # the same connection: every push before it is in the store
+    assert StoreLog(reader, "reports").take() == [0, 1, 2]
+
