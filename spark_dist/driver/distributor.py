@@ -13,6 +13,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..data import prepare
+from ..host import open_files
 from ..task import checkpoint_dirs, output
 from ..spark import session, worker_python
 from . import elastic, goodput, slots, tracking
@@ -131,6 +132,8 @@ class Distributor(RunView):
             raise ConfigError("local_mode=False needs an active SparkSession (or pass local_mode=True)")
         if not config.local_mode:
             worker_python.check(spark, config.spark_conf)
+        if not config.local_mode and not remote and (too_few := open_files.shortfall(config.num_processes)):
+            raise ConfigError(too_few)  # the store is this process's (under Connect, the first task's)
         first_size = config.num_processes
         if config.elastic and not config.local_mode:
             first_size = elastic.first_size(config, spark, config.slot_wait_timeout)
