@@ -124,6 +124,12 @@ def soak(spark, args, kinds, elastic_kinds=(), cluster=None, transform_kinds=(),
     """The campaign's runs, printed as they end; ``(campaign, final violations)``. ``workload_name``: every fault
     against that workload (``connect``) instead of the one it was drawn for."""
     extra = {} if cluster is None else {"cluster": cluster, "epochs": args.epochs, "step_s": args.step_s}
+    if args.kinds:  # only these kinds, against whichever workloads run them
+        only = set(args.kinds.split(","))
+        kinds, elastic_kinds, transform_kinds, sharded_kinds, tune_kinds, estimator_kinds, horovod_kinds = (
+            tuple(k for k in group if k in only) for group in (kinds, elastic_kinds, transform_kinds,
+                                                               sharded_kinds, tune_kinds, estimator_kinds,
+                                                               horovod_kinds))
     with tempfile.TemporaryDirectory(prefix="spark_dist-soak-") as root:
         campaign = Campaign(spark, root, args.seed, **extra)
         drawn = schedule(args.seed, args.faults, kinds, elastic_kinds=elastic_kinds, transform_kinds=transform_kinds,
@@ -240,6 +246,23 @@ def own_processes(prefix, body):
     return campaign, final
 
 
+def merged(path, result, args):
+    """The soak results at ``path`` with their rows of ``result``'s kinds replaced by ``result``'s, and a note of
+    it under ``remeasured`` (the kinds, seed, faults, date and the run's violations, which count as the soak's)."""
+    import datetime
+    import json
+
+    with open(path) as f:
+        kept = json.load(f)
+    kept["by_kind"].update(result["by_kind"])
+    kept["by_kind"] = dict(sorted(kept["by_kind"].items()))
+    kept["violations"] = kept["violations"] + result["violations"]
+    kept.setdefault("remeasured", []).append({
+        "kinds": sorted(result["by_kind"]), "seed": args.seed, "faults": args.faults,
+        "date": datetime.date.today().isoformat(), "documented_percent": result["documented_percent"]})
+    return kept
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -255,7 +278,10 @@ def main():
                         help="a training step's extra seconds (--cluster standalone; the suite's by default)")
     parser.add_argument("--workloads", help="local only: a comma-separated list of the workloads to draw faults "
                         "for (ddp, transform, sharded, tune, estimator, horovodrunner; default all)")
+    parser.add_argument("--kinds", help="a comma-separated list of the fault kinds to draw (default all)")
     parser.add_argument("--out")
+    parser.add_argument("--merge-into", help="a soak's results file: its rows of the kinds this run drew are "
+                        "replaced by this run's (the rest stays), and the file says so (re-measured kinds)")
     args = parser.parse_args()
     if args.cluster in ("standalone", "two_hosts"):
         campaign, final = run_standalone(args, two_hosts=args.cluster == "two_hosts")
@@ -270,6 +296,8 @@ def main():
         campaign, final = run_local(args)
     result = figures(campaign, final, args.cluster)
     save(args.out, result)
+    if args.merge_into:
+        save(args.merge_into, merged(args.merge_into, result, args))
     rerun = (f"bench/bench_chaos.py --cluster {args.cluster} --seed {args.seed} --faults {args.faults} --epochs "
              f"{args.epochs} --step-s {args.step_s}" if args.cluster != "local"
              else f"bench/bench_chaos.py --seed {args.seed} --faults {args.faults} --workloads {args.workloads}"

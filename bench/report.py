@@ -621,7 +621,9 @@ def chaos_section(figures):
             recovery = "" if p50 is None else f"; to the next step {p50:.2f} / {p95:.2f} s"
             whole = "" if k.get("whole_again_p50") is None else \
                 f"; whole again {k['whole_again_p50']:.1f} / {k['whole_again_p95']:.1f} s"
-            return f"{k['fired']} of {k['drawn']} fired, {k['documented']} as documented{recovery}{whole}"
+            again = [r for r in d.get("remeasured", ()) if kind in r["kinds"]]
+            when = f" (re-measured {again[-1]['date']}, seed {again[-1]['seed']})" if again else ""
+            return f"{k['fired']} of {k['drawn']} fired, {k['documented']} as documented{recovery}{whole}{when}"
         return (f"`{kind}`", pick, True)
 
     return per_line([
