@@ -324,6 +324,10 @@ class Coordinator:
         """What this attempt saw, read from the store once the tasks are done."""
         store = self.store
         failures = tuple(self._take_failures())
+        if self.failed_at is None and failures:
+            # Every rank ended before the watch looked at the abort (a rank died and the others raised at once):
+            # the attempt's work ended with its first failure, not when the driver noted the job's end.
+            self.failed_at = min((f.time for f in failures if f.time), default=None)
         stacks = {r.rank: stack for r in self.ranks if (stack := store.lookup(stack_key(r.rank))) is not None}
         clocks = {r.rank: clock for r in self.ranks if isinstance(clock := store.lookup(clock_key(r.rank)), dict)}
         return AttemptEvidence(

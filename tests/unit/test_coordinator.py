@@ -98,3 +98,19 @@ def test_the_first_tasks_store_closes_as_soon_as_its_coordinator_is_dropped():
         bind_listener("127.0.0.1", port).close()  # the port is free at once
     finally:
         gc.enable()
+
+
+def test_an_attempt_whose_ranks_all_ended_before_the_watch_saw_the_abort_failed_at_its_first_failure():
+    # A rank dies and its peer raises at once: the job ends before the watch loop looks at the abort. The time
+    # split still ends the attempt's work at the first failure, so the next attempt's recovery is not lost.
+    from spark_dist.errors import RankFailure
+    from spark_dist.wire.store_log import StoreLog
+
+    server, port = host_store("127.0.0.1", 10.0)
+    watch = first_task_coordinator(server, port, "ended-first")
+    log = StoreLog(watch.store, FAILURES, writer="supervisor1")
+    log.append(RankFailure(1, "127.0.0.1", "exit", "exited with code 3", exit_code=3, time=100.0))
+    log.append(RankFailure(0, "127.0.0.1", "exception", "gloo: connection closed", time=100.2))
+    watch.ranks = [RankInfo(r, r, 2, 2, 0, 1, "127.0.0.1") for r in range(2)]
+    assert watch.failed_at is None
+    assert watch.seen().failed_at == 100.0
