@@ -217,6 +217,10 @@ class Campaign:
             error = exc
         finished = d  # the Distributor whose run ended it (the rerun's, after an interrupted run)
         rerun_at = None
+        if fault.ending().rerun and fault.fired_at is not None and not isinstance(error, KeyboardInterrupt):
+            fault.problems.append(f"the driver was interrupted, but the run ended "
+                                  f"{'as if it had not been' if error is None else type(error).__name__}: "
+                                  "Ctrl-C must stop it (KeyboardInterrupt)")
         if fault.ending().rerun and isinstance(error, KeyboardInterrupt):
             rerun_at = time.time()
             try:  # the same run_id again: it resumes from the interrupted one's checkpoint

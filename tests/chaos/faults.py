@@ -331,9 +331,10 @@ class Injector(threading.Thread):
         self._fired()
 
     def _interrupt_driver(self, target):
-        import _thread
-
-        _thread.interrupt_main()
+        # A real SIGINT, as Ctrl-C (or a notebook's interrupt) sends: it wakes a main thread blocked in a wait,
+        # which _thread.interrupt_main() does not (that only marks the main thread, which a run under Spark
+        # Connect, waiting for its job, noticed only once the run had ended).
+        os.kill(os.getpid(), signal.SIGINT)
         self._fired()
 
     def _full_disk(self, target):

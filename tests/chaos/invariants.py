@@ -167,16 +167,20 @@ def no_job_left(spark, within: float = 10.0) -> List[str]:
 
 def recovery(beacons: str, fault: Fault, final_attempt: int, rerun_at: Optional[float] = None) -> Optional[float]:
     """Seconds from the fault to training again: after an interrupted driver, to the first step of the same
-    ``run_id`` run again (``rerun_at``: when it was started, epoch seconds); to the first step of the attempt that
-    finished the run, when the fault cost an attempt (an elastic run's: of the first attempt after it, which may
-    have run on fewer ranks before the run grew back); else to the second step rank 0 finished after it (the first
-    may have been in flight when the fault hit)."""
+    ``run_id`` run again (``rerun_at``: when it was started, epoch seconds; its ranks are new processes); to the
+    first step of the attempt that finished the run, when the fault cost an attempt (an elastic run's: of the
+    first attempt after it, which may have run on fewer ranks before the run grew back); else to the second step
+    rank 0 finished after it (the first may have been in flight when the fault hit)."""
     if fault.fired_at is None or not os.path.exists(os.path.join(beacons, "steps")):
         return None
     with open(os.path.join(beacons, "steps")) as f:
-        steps = [(int(a), float(t)) for a, _, _, t in (line.split() for line in f if line.strip())]
-    if rerun_at is not None:  # the interrupted run's last steps are no recovery: the run again's first is
-        after = sorted(t for _, t in steps if t > rerun_at)
+        lines = [line.split() for line in f if line.strip()]
+    steps = [(int(fields[0]), float(fields[3])) for fields in lines]
+    if rerun_at is not None:
+        # The interrupted run's ranks may take a last step or two after it raised (stopping them takes a moment):
+        # they are no recovery. The run again's first step is the first of a rank process not seen before.
+        before = {fields[4] for fields in lines if float(fields[3]) <= rerun_at}
+        after = sorted(float(fields[3]) for fields in lines if float(fields[3]) > rerun_at and fields[4] not in before)
         return round(after[0] - fault.fired_at, 3) if after else None
     later = (lambda a: a > 0) if fault.workload == "elastic" else (lambda a: a == final_attempt)
     after = sorted(t for a, t in steps if t > fault.fired_at and (later(a) or not final_attempt))

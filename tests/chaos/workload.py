@@ -69,9 +69,10 @@ def train_step(model, optimizer, batch) -> None:
 
 
 def stepped(steps, ctx, epoch: int, at: int) -> None:
-    """Rank 0's line in ``steps`` for a step done (``steps``: its open file; None on the other ranks)."""
+    """Rank 0's line in ``steps`` for a step done (``steps``: its open file; None on the other ranks):
+    ``attempt epoch step time pid`` (the pid tells a run again from the interrupted one, both at attempt 0)."""
     if steps is not None:
-        steps.write(f"{ctx.attempt} {epoch} {at} {time.time()}\n")
+        steps.write(f"{ctx.attempt} {epoch} {at} {time.time()} {os.getpid()}\n")
         steps.flush()
 
 
