@@ -27,6 +27,7 @@ standalone`` or ``two_hosts``; figures for BENCHMARKS.md).
 import logging
 import os
 import random
+import signal
 import subprocess
 import tempfile
 import time
@@ -205,6 +206,11 @@ class Campaign:
         out, error, started = None, None, time.monotonic()
         told = invariants.Told()  # what the driver logs as it retries: each failed attempt, named
         logging.getLogger("spark_dist").addHandler(told)
+        # Ctrl-C reaches a user's Python, whose SIGINT raises KeyboardInterrupt; a process started in the
+        # background by a script (this campaign under `make`, nohup) inherits SIGINT ignored.
+        interrupts = signal.getsignal(signal.SIGINT)
+        if fault.kind == "interrupt_driver":
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             injector.start()
             try:
@@ -215,6 +221,8 @@ class Campaign:
                 logging.getLogger("spark_dist").removeHandler(told)
         except BaseException as exc:  # noqa: BLE001 -- the ending under test (KeyboardInterrupt included)
             error = exc
+        finally:
+            signal.signal(signal.SIGINT, interrupts)
         finished = d  # the Distributor whose run ended it (the rerun's, after an interrupted run)
         rerun_at = None
         if fault.ending().rerun and fault.fired_at is not None and not isinstance(error, KeyboardInterrupt):
