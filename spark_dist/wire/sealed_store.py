@@ -90,13 +90,9 @@ class SealedStore:
     def _sealed(self, name: str, value) -> bytes:
         return self._sealer.seal(self.key(name), pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def _opened(self, name: str, blob: bytes):
-        """The value in ``blob`` if it was sealed under ``name`` with this store's secret (opened before
-        anything is unpickled), else ``FORGED``."""
-        return self._opened_at(self.key(name), blob)
-
-    def _opened_at(self, key: str, blob: bytes):
-        """:meth:`_opened`, for the store key ``key`` itself."""
+    def _opened(self, key: str, blob: bytes):
+        """The value in ``blob`` if it was sealed under the store key ``key`` (:meth:`key` of its name) with this
+        store's secret (opened before anything is unpickled), else ``FORGED``."""
         data = self._sealer.open_sealed(key, blob)
         return FORGED if data is None else pickle.loads(data)
 
@@ -109,16 +105,18 @@ class SealedStore:
         Raises:
             PermissionError: it is not a value we sealed (rejected unread).
         """
-        value = self._opened(name, self.raw.get(self.key(name)))
+        key = self.key(name)
+        value = self._opened(key, self.raw.get(key))
         if value is FORGED:
             raise PermissionError(f"store value {name!r} did not open with the run's key: rejected unread")
         return value
 
     def lookup(self, name: str, default=None):
         """The value of ``name`` when it holds one we sealed, else ``default`` (absent or forged alike)."""
-        if not self.raw.check([self.key(name)]):
+        key = self.key(name)
+        if not self.raw.check([key]):
             return default
-        value = self._opened(name, self.raw.get(self.key(name)))
+        value = self._opened(key, self.raw.get(key))
         return default if value is FORGED else value
 
     def has(self, name: str) -> bool:
@@ -128,7 +126,7 @@ class SealedStore:
     def get_many(self, names: Sequence[str]) -> List[Any]:
         """The values of ``names`` (which must all exist) in one round trip; a forged one is ``FORGED``."""
         keys = [self.key(n) for n in names]
-        return [self._opened_at(k, blob) for k, blob in zip(keys, self.raw.multi_get(keys))]
+        return [self._opened(k, blob) for k, blob in zip(keys, self.raw.multi_get(keys))]
 
     def put_many(self, values: Dict[str, Any]) -> None:
         """``put`` for each name, in one round trip."""
@@ -158,7 +156,7 @@ class SealedStore:
             blob = self.raw.queue_pop(key, False)
         except _queue_empty():
             return EMPTY
-        return self._opened_at(key, blob)
+        return self._opened(key, blob)
 
     def queue_len(self, queue: str) -> int:
         return int(self.raw.queue_len(self.key(queue)))
@@ -172,11 +170,12 @@ class SealedStore:
         """
         deadline = time.monotonic() + timeout
         pause = 0.005
+        key = self.key(name)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"waited {timeout:.0f}s for {name!r} in the run's store")
-            if not self.raw.check([self.key(name)]):
+            if not self.raw.check([key]):
                 # torch's store prints two warnings on every wait that times out: a short wait, which its
                 # caller repeats as a matter of course, looks instead, so a console never fills with them.
                 if timeout < WOKEN_WAIT_S:
@@ -184,10 +183,10 @@ class SealedStore:
                     pause = min(pause * 2, 0.05)
                     continue
                 try:
-                    self.raw.wait([self.key(name)], timedelta(seconds=left))
+                    self.raw.wait([key], timedelta(seconds=left))
                 except Exception:  # noqa: BLE001 -- torch's DistStoreError on its timeout: checked above
                     continue
-            value = self._opened(name, self.raw.get(self.key(name)))
+            value = self._opened(key, self.raw.get(key))
             if value is not FORGED:
                 return value
             time.sleep(min(0.05, max(left, 0)))  # a forged value sits there: look again until ours replaces it

@@ -173,17 +173,16 @@ def recovery(beacons: str, fault: Fault, final_attempt: int, rerun_at: Optional[
     rank 0 finished after it (the first may have been in flight when the fault hit)."""
     if fault.fired_at is None or not os.path.exists(os.path.join(beacons, "steps")):
         return None
-    with open(os.path.join(beacons, "steps")) as f:
-        lines = [line.split() for line in f if line.strip()]
-    steps = [(int(fields[0]), float(fields[3])) for fields in lines]
+    with open(os.path.join(beacons, "steps")) as f:  # attempt epoch step time pid (workload.stepped)
+        steps = [(int(a), float(t), pid) for a, _, _, t, pid in (line.split() for line in f if line.strip())]
     if rerun_at is not None:
         # The interrupted run's ranks may take a last step or two after it raised (stopping them takes a moment):
         # they are no recovery. The run again's first step is the first of a rank process not seen before.
-        before = {fields[4] for fields in lines if float(fields[3]) <= rerun_at}
-        after = sorted(float(fields[3]) for fields in lines if float(fields[3]) > rerun_at and fields[4] not in before)
+        before = {pid for _, t, pid in steps if t <= rerun_at}
+        after = sorted(t for _, t, pid in steps if t > rerun_at and pid not in before)
         return round(after[0] - fault.fired_at, 3) if after else None
     later = (lambda a: a > 0) if fault.workload == "elastic" else (lambda a: a == final_attempt)
-    after = sorted(t for a, t in steps if t > fault.fired_at and (later(a) or not final_attempt))
+    after = sorted(t for a, t, _ in steps if t > fault.fired_at and (later(a) or not final_attempt))
     needed = 0 if final_attempt else 1
     return round(after[needed] - fault.fired_at, 3) if len(after) > needed else None
 
