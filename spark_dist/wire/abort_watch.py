@@ -11,10 +11,15 @@ false), and its owner looks for itself.
 
 A watch outlives its supervisor until the key is set: whoever hosts the store calls :func:`release` before
 dropping it, once every rank has ended, so no watch waits on a closed connection (torch logs each such wait).
+Release also waits for that store's watches in its own process (local mode's supervisors) to end: a watch thread
+still inside a store call as the interpreter finalizes is ended in the middle of torch's C++ code, which aborts
+the process ("terminate called without an active exception").
 """
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from datetime import timedelta
 from typing import Callable, Optional
 
@@ -23,6 +28,11 @@ from .sealed_store import SealedStore
 
 # One wait's bound: a watch that times out waits again (torch logs two warnings a timeout: rare at this bound).
 WAIT_S = 24 * 3600.0
+# How long release waits for this process's watches of the store to end (woken, each ends within a round trip).
+RELEASE_JOIN_S = 5.0
+
+_watches: "weakref.WeakSet[AbortWatch]" = weakref.WeakSet()  # every watch this process started
+_watches_lock = threading.Lock()
 
 
 class AbortWatch:
@@ -34,6 +44,9 @@ class AbortWatch:
         self.live = True  # False once the watch ended without a value: its owner looks at the key itself
         self._connect, self._poll, self._wait_s = connect, poll, wait_s
         self._closed = threading.Event()
+        self._key: Optional[str] = None  # the store key it waits on, once connected
+        with _watches_lock:
+            _watches.add(self)
         self._thread = threading.Thread(target=self._run, daemon=True, name="spark_dist-abort-watch")
         self._thread.start()
 
@@ -47,7 +60,8 @@ class AbortWatch:
     def _run(self) -> None:
         try:
             store = self._connect()
-            key = [store.key(ABORT)]
+            self._key = store.key(ABORT)
+            key = [self._key]
             while not self._closed.is_set():
                 if not store.raw.check(key):
                     try:
@@ -67,12 +81,19 @@ class AbortWatch:
         self.live = False
 
 
-def release(store: SealedStore) -> None:
+def release(store: SealedStore, join_s: float = RELEASE_JOIN_S) -> None:
     """Wake every watch still waiting before the store is dropped: sets ``abort`` to :attr:`Abort.ENDED` unless a
     sealed abort is there already. A supervisor still running then stops its rank, as it would on losing the store:
-    called as the store is dropped, once every rank has ended or the run is over regardless."""
+    called as the store is dropped, once every rank has ended or the run is over regardless. Then waits (up to
+    ``join_s``) for this process's watches of that store, and those still connecting, to end."""
     try:
         if store.lookup(ABORT) is None:
             store.put(ABORT, Abort.ENDED)
     except Exception:  # noqa: BLE001 -- best effort: the store is going away
         pass
+    key = store.key(ABORT)
+    with _watches_lock:
+        ours = [w for w in _watches if w._key in (key, None)]
+    deadline = time.monotonic() + join_s
+    for watch in ours:
+        watch.join(max(deadline - time.monotonic(), 0.0))

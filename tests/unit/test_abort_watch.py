@@ -1,11 +1,16 @@
 """spark_dist.wire.abort_watch: a supervisor's watch on the run's abort, woken by a real store."""
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 from spark_dist.wire.abort_watch import AbortWatch, release
 from spark_dist.wire.protocol import ABORT, Abort
 from spark_dist.wire.sealed_store import SealedStore, host_store, join_store
 
 SECRET = b"s" * 32
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _store_and_connect():
@@ -66,3 +71,28 @@ def test_a_watch_that_cannot_connect_says_so():
     watch = AbortWatch(refused, poll=0.05)
     watch.join(2)
     assert not watch.live and watch.value is None
+
+
+def test_a_process_that_releases_its_store_and_exits_at_once_ends_cleanly(tmp_path):
+    """Local mode: the driver's process hosts the store and its ranks' supervisors (and their watches), then exits.
+    A watch thread still inside a store call as the interpreter finalizes is ended in the middle of torch's C++
+    code, which aborts the process ("terminate called without an active exception"): release ends the watches
+    of that store first."""
+    script = tmp_path / "exit_after_release.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from spark_dist.wire.abort_watch import AbortWatch, release
+        from spark_dist.wire.sealed_store import SealedStore, host_store, join_store
+        server, port = host_store("127.0.0.1", 30)
+        store = SealedStore(server, b"s" * 32, "run")
+        watches = [AbortWatch(lambda: SealedStore(join_store("127.0.0.1", port, 30), b"s" * 32, "run"), 1.0)
+                   for _ in range(2)]
+        time.sleep(0.5)  # both wait on the key
+        watches[1].close()  # its supervisor ended: a closed watch is released too
+        release(store)
+        sys.exit(0)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "terminate called" not in result.stderr
