@@ -2,11 +2,20 @@
 
 Trivial job: 2 ranks, one gloo all-reduce of 10 floats, warm SparkSession. Reports each launcher's first
 run and the median of its warm runs, and their ratio. ``make bench-launch`` (never a timed test).
+
+Floors, in the same run: the bare barrier stage (an RDD's, 2 tasks that return at once) and the bare barrier
+``mapInArrow`` stage, spark_dist's own launch path (classic sessions and Connect alike), each warm. The first
+run's ceiling is measured in a process of its own (its own driver JVM), on a cluster of its own: the
+session's first barrier ``mapInArrow`` stage whose 2 tasks import torch and return, what any launcher on that
+path pays before a rank runs (Spark's first SQL query and Arrow stage of the session, new Python workers,
+their first ``import torch``).
 """
 import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 
 from _cluster import median, standalone_session
@@ -36,16 +45,40 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--warm-runs", type=int, default=5)
     parser.add_argument("--out", help="write the figures as JSON here")
+    parser.add_argument("--ceiling", action="store_true", help="only the first run's ceiling, printed as JSON")
     args = parser.parse_args()
 
-    figures = {}
+    if args.ceiling:
+        with standalone_session("bench_launch_ceiling") as spark:
+            seconds, _ = timed(lambda: arrow_stage(spark, import_torch=True), 1)
+        print(json.dumps({"first": seconds[0]}))
+        return
+    # The ceiling in a process of its own: its driver JVM as cold as the one spark_dist's first run meets below.
+    ceiling = subprocess.run([sys.executable, os.path.abspath(__file__), "--ceiling"], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+    figures = {FIRST_RUN_CEILING: json.loads(ceiling.strip().splitlines()[-1])}
     with standalone_session("bench_launch") as spark:
         sc = spark.sparkContext
         bare, _ = timed(lambda: sc.parallelize(range(2), 2).barrier().mapPartitions(lambda it: [1]).collect(),
                         args.warm_runs)
         figures["bare barrier stage (no sync)"] = {"first": bare[0], "warm_median": median(bare[1:])}
         figures.update(launchers_side_by_side(allreduce_ten_floats, args.warm_runs))
+        arrow, _ = timed(lambda: arrow_stage(spark, import_torch=False), args.warm_runs)  # warm by now
+        figures[ARROW_FLOOR] = {"warm_median": median(arrow)}
     report_side_by_side(figures, "launcher", args.out)
+
+
+FIRST_RUN_CEILING = "first barrier mapInArrow stage importing torch (a process of its own)"
+ARROW_FLOOR = "bare barrier mapInArrow stage"
+
+
+def arrow_stage(spark, import_torch: bool) -> int:
+    """A barrier ``mapInArrow`` stage of 2 tasks that return their rows (after ``import torch``)."""
+    def task(batches):
+        if import_torch:
+            import torch  # noqa: F401 -- what a first run's ranks need before anything else
+        yield from batches
+    return spark.range(0, 2, 1, 2).mapInArrow(task, "id long", barrier=True).count()
 
 
 def launchers_side_by_side(job, warm_runs):
@@ -71,7 +104,8 @@ def report_side_by_side(figures, title, out):
     ratios = {"first": theirs["first"] / ours["first"], "warm_median": theirs["warm_median"] / ours["warm_median"]}
     print(f"| {title} | first run (s) | warm median (s) |\n|---|---|---|")
     for name, f in figures.items():
-        print(f"| {name} | {f['first']:.2f} | {f['warm_median']:.3f} |")
+        first, warm = (f"{f[k]:.3f}" if k in f else "-" for k in ("first", "warm_median"))
+        print(f"| {name} | {first} | {warm} |")
     print(f"| TorchDistributor / spark_dist | {ratios['first']:.1f}x | {ratios['warm_median']:.1f}x |")
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
