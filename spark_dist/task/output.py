@@ -11,7 +11,8 @@ spark-submit's console all see them).
 
 Memory stays bounded however much a rank prints: the buffer holds at most :data:`BUFFER_BYTES` (the reader
 then stops reading the pipe, so the rank waits on its writes, as it would on a slow terminal), and the store
-at most :data:`MAX_UNREAD` chunks of at most :data:`MAX_CHUNK_BYTES` that the driver has not taken yet.
+at most :data:`MAX_UNREAD` chunks of at most :data:`MAX_CHUNK_BYTES` that the driver has not taken yet, and
+what each rank pushed since it last asked (:data:`CONFIRM_EVERY` chunks or :data:`CONFIRM_BYTES`).
 A carriage-return progress bar (tqdm, Lightning) is a line ending in ``\\r``: only its latest state is kept,
 and it is passed on at most every :data:`PROGRESS_EVERY_S` per stream. If the store cannot be reached the
 lines stay in the executor log, and one warning there says so; training goes on.
@@ -32,6 +33,7 @@ PUBLISH_S = 0.1
 PROGRESS_EVERY_S = 0.5
 MAX_CHUNK_BYTES = 256 << 10  # one store record at most (a longer line travels whole, alone)
 MAX_UNREAD = 32  # output records the store holds untaken, all ranks together
+CONFIRM_EVERY, CONFIRM_BYTES = 8, 64 << 10  # a publisher's pushes (or bytes) between two round trips, at most
 BUFFER_BYTES = 4 << 20  # a rank's lines read from its pipes and not yet published
 FLUSH_S = 30.0  # after the rank exited, how long its supervisor keeps publishing what is left
 LOG_RANKS = ("all", "rank0", "none")
@@ -165,6 +167,7 @@ class StreamReader(threading.Thread):
     def text(self) -> str:
         return self.tail.decode("utf-8", "replace")
 
+
 class Publisher:
     """Appends a rank's lines to the run's ``output`` log, a chunk at a time while the store has room for
     them; the channel breaking stops it (one warning), not the rank."""
@@ -174,7 +177,8 @@ class Publisher:
         self.rank, self.lines = rank, lines
         self.broken = False
         self.next_at = 0.0
-        self._room = MAX_UNREAD  # what the last append said the store had left
+        self._room = MAX_UNREAD  # what the last round trip said the store had left, less the pushes since
+        self._unconfirmed = (0, 0)  # chunks and bytes pushed since the last round trip
 
     def publish(self, final: bool = False) -> None:
         """Publish what is due, as far as the store has room now (never waits for the driver)."""
@@ -189,12 +193,26 @@ class Publisher:
                 lines = self.lines.take(final)
                 if not lines:
                     return
-                self._room = MAX_UNREAD - self.log.append((self.rank, lines))
+                self._append(lines)
         except Exception as exc:  # noqa: BLE001 -- the driver's store is gone: the executor log still has it
             self.broken = True
             self.lines.close()
             sys.stderr.write(f"spark_dist: WARNING: rank {self.rank}'s output no longer reaches the driver "
                              f"({exc!r}); it stays in this executor log\n")
+
+    def _append(self, lines: List[Tuple[str, str]]) -> None:
+        """Push a chunk; a round trip (which also says the room left) only every CONFIRM_EVERY chunks or
+        CONFIRM_BYTES: a publish then costs the driver's store one request, not two, and a rank has at most
+        that much in flight beyond what the last round trip allowed. Its supervisor's later requests on the same
+        connection (the ``ended`` key last) reach the store after these pushes."""
+        chunks, size = self._unconfirmed
+        chunks, size = chunks + 1, size + sum(len(line) for _, line in lines)
+        confirm = chunks >= CONFIRM_EVERY or size >= CONFIRM_BYTES or self._room <= 1
+        waiting = self.log.append((self.rank, lines), confirm=confirm)
+        if confirm:
+            self._room, self._unconfirmed = MAX_UNREAD - waiting, (0, 0)
+        else:
+            self._room, self._unconfirmed = self._room - 1, (chunks, size)
 
     def flush(self, readers, timeout: float = FLUSH_S, pipes_grace: float = 2.0) -> None:
         """After the rank exited: publish until its pipes are read to their end (``pipes_grace`` seconds at
