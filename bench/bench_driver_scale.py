@@ -60,7 +60,7 @@ from spark_dist.backends.base import Backend  # noqa: E402
 from spark_dist.config import RunConfig  # noqa: E402
 from spark_dist.driver.coordinator import Coordinator  # noqa: E402
 from spark_dist.task import output  # noqa: E402
-from spark_dist.task.barrier_task import ABORT_POLL_S, HEARTBEAT_S, _assignments  # noqa: E402
+from spark_dist.task.barrier_task import ABORT_POLL_S, HEARTBEAT_S, STACKS_LOOK_EVERY, _assignments  # noqa: E402
 from spark_dist.task.rank_process import REPORT_CONFIRM_EVERY  # noqa: E402
 from spark_dist.wire.abort_watch import AbortWatch, release  # noqa: E402
 from spark_dist.wire.protocol import (ABORT, ARRIVED, PROGRESS, REPORTS, STACKS_WANTED, LaunchSpec,  # noqa: E402
@@ -243,10 +243,12 @@ class SimRank:
             self.abort_seen = str(abort)
 
     def beat(self, steps: int) -> None:
-        """The supervisor's beat: the sealed ``(beat, steps)``, then its look for a stall's request for stacks."""
+        """The supervisor's beat: the sealed ``(beat, steps)``, then (every STACKS_LOOK_EVERY beats) its look for a
+        stall's request for stacks."""
         self.beats += 1
         self.sup.put(beat_key(self.rank), (self.beats, steps))
-        self.sup.lookup(STACKS_WANTED, 0)
+        if self.beats % STACKS_LOOK_EVERY == 1:
+            self.sup.lookup(STACKS_WANTED, 0)
 
     def report(self, steps: int) -> None:
         """A ``ctx.report(loss=..., step=...)``, as ``TrainContext.report`` builds it and ``_Reporter`` sends it (a

@@ -16,7 +16,7 @@ from ..backends.base import torchrun_env
 from ..config import RunConfig
 from .outcome import AttemptEvidence, JobError
 from .stall import STACKS_WAIT_S, RankStack, StallDiagnosis, StallWatch, diagnose
-from ..task.output import OutputRelay
+from ..task.output import MAX_UNREAD, OutputRelay
 from ..wire.protocol import (ABORT, ARRIVED, FAILURES, HEARTBEAT_S, LOG_KEY, PROGRESS, REPORTS, RESIZE,
                              RUN_SUCCEEDED, STACKS_WANTED, Abort, LaunchSpec, SlotAssignment, assignment_key, beat_key,
                              clock_key, ended_key, stack_key, stall_stack_key, task_key)
@@ -130,8 +130,8 @@ class Coordinator:
             if self.on_poll is not None:
                 self.on_poll()
             self.drain_reports()
-            if self.drain_output():
-                poll = 0.01  # a rank is printing fast: its supervisor waits for room in the store
+            if self.drain_output() >= MAX_UNREAD:
+                poll = 0.01  # the ranks print fast: more waits, and their supervisors wait for room in the store
             self.drain_progress(now)
             self._settle(assigned, abort_at is not None)
             if assigned and abort_at is None:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..errors import main_thread_frames
 
 _PEER_WAIT = re.compile(r"torch/distributed/|torch/nn/parallel/|torch/autograd/|horovod/|spark_dist/horovod/")
-STACKS_WAIT_S = 4.0  # how long the driver waits for the supervisors' stacks (a beat, then a 1 s dump)
+STACKS_WAIT_S = 5.0  # how long the driver waits for the supervisors' stacks (STACKS_LOOK_EVERY beats, then a 1 s dump)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 # Frames of Python's, the libraries' and spark_dist's own files: "their own code" is the innermost frame elsewhere.
 _LIBRARY = re.compile(r"site-packages/|dist-packages/|/lib/python3[.\d]*/|<frozen |"

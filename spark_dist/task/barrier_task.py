@@ -35,6 +35,9 @@ from .warm_imports import IMPORTED_DYNAMO, warm_for_next_run
 
 RESULT_CHUNK_BYTES = 8 << 20  # rank 0's result travels back in pieces of this size
 RENDEZVOUS_BACKSTOP_S = 30.0  # a task's own rendezvous wait outlasts the driver's by this much
+# A supervisor looks for a stall's request for stacks every this many beats (its round trip, which the fence counts):
+# a stall is called after minutes, and at 1,024 ranks each look is a request a rank a second to the driver's store.
+STACKS_LOOK_EVERY = 2
 # A supervisor learns of the run's abort from its AbortWatch, woken by the store; it looks at the key this often
 # only where the watch cannot wait (a forged value sits in the key, or the watch's connection failed).
 ABORT_POLL_S = 0.2
@@ -201,8 +204,9 @@ def _supervise(child: ChildProcess, store: SealedStore, spec: LaunchSpec, rank: 
                 beats += 1
                 store.put(beat_key(rank.rank), (beats, clock.count()))
                 next_beat = time.monotonic() + HEARTBEAT_S
-                wanted = store.lookup(STACKS_WANTED, 0)
-                fence.reached()  # after a round trip: a put is only sent, the answer to a lookup came back
+                wanted = store.lookup(STACKS_WANTED, 0) if beats % STACKS_LOOK_EVERY == 1 else None
+                if wanted is not None:
+                    fence.reached()  # after a round trip: a put is only sent, the answer to a lookup came back
                 if isinstance(wanted, int) and wanted > stacks_sent:  # the driver diagnoses a stall
                     stacks_sent = wanted
                     stack = rank_stack.dump(child.pid, stack_path)

@@ -59,7 +59,8 @@ class StoreLog:
         """Pop up to ``limit`` records, oldest first; returns their values. Forged and replayed records are
         dropped (counted in :attr:`dropped`)."""
         values = []
-        for _ in range(limit):
+        # Asked first, then popped exactly: an empty queue's pop raises inside torch, a dearer answer than a length.
+        for _ in range(min(self.store.queue_len(self.name), limit)):
             record = self.store.pop(self.name)
             if record is EMPTY:
                 break

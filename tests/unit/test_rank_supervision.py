@@ -36,3 +36,34 @@ def test_a_rank_killed_while_a_peers_failure_aborts_the_run_is_reported_as_kille
     assert outcome is TaskOutcome.FAILED
     [failure] = StoreLog(store, FAILURES).take()
     assert (failure.rank, failure.kind, failure.signal) == (1, "signal", signal.SIGKILL)
+
+
+def test_a_supervisor_looks_for_a_stalls_request_for_stacks_every_other_beat(tmp_path):
+    # Each look is a request to the driver's store a rank a second: every other beat halves it, and a stall (called
+    # after minutes) still gets its stacks within the driver's wait for them.
+    from spark_dist.wire.protocol import STACKS_WANTED
+
+    class Counting(SealedStore):
+        looks, beats = 0, 0
+
+        def lookup(self, name, default=None):
+            Counting.looks += name == STACKS_WANTED
+            return super().lookup(name, default)
+
+        def put(self, name, value):
+            Counting.beats += name.startswith("beat/")
+            super().put(name, value)
+
+    server, port = host_store("127.0.0.1", 30)
+    spec = LaunchSpec(run_id="r", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
+                      secret=b"s" * 32, relay_output="none")
+    store = Counting(server, spec.secret, spec.prefix)
+    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3.5)"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    child = child_process.ChildProcess(popen.pid, os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno()), popen)
+    popen.stdout.close()
+    popen.stderr.close()
+    barrier_task._supervise(child, store, spec, RankInfo(0, 0, 1, 1, 0, 1, "127.0.0.1"), str(tmp_path),
+                            in_executor=False)
+    assert Counting.beats >= 3
+    assert Counting.looks == (Counting.beats + 1) // barrier_task.STACKS_LOOK_EVERY

@@ -65,6 +65,7 @@ def test_one_take_pops_a_bounded_number_whatever_was_pushed(stores):
     reader, writer = stores
     for _ in range(TAKE_LIMIT + 5):
         writer.raw.queue_push(writer.key("output"), b"junk")
+    assert writer.queue_len("output") == TAKE_LIMIT + 5  # a round trip: every push is in
     log = StoreLog(reader, "output")
     assert log.take() == [] and log.dropped == TAKE_LIMIT
     assert reader.queue_len("output") == 5
@@ -88,3 +89,16 @@ def test_a_writer_may_push_without_a_round_trip_and_confirm_them_all_at_once(sto
     assert mine.confirm() == 3  # the same connection: every push before it is in the store
     assert StoreLog(reader, "reports").take() == [0, 1, 2]
 
+
+def test_a_take_pops_only_what_the_queue_holds(stores):
+    # An empty queue's pop raises inside torch: a take asks the length once and never pops an empty queue.
+    driver, rank = stores
+    pops = []
+    pop = driver.pop
+    driver.pop = lambda name: pops.append(name) or pop(name)
+    log = StoreLog(driver, "reports")
+    assert log.take() == [] and pops == []
+    writer = StoreLog(rank, "reports", writer="rank0")
+    for i in range(3):
+        writer.append(i)
+    assert log.take() == [0, 1, 2] and len(pops) == 3
