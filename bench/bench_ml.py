@@ -31,6 +31,12 @@ On a ``local[2]`` SparkSession (loopback only):
      of 2. and each pair of fresh sessions of 3., taking turns with them. The goals are ratios to it
      (bench/report.py): a fit's seconds over its floor's.
 
+  5. The first fit's ceiling: in fresh processes taking turns with those of 2. and 3. (``--first-fit-ceiling``),
+     what a session's first fit pays besides its loop with no spark_dist in it (:func:`first_fit_ceiling_stages`:
+     the split written to Parquet once, then the session's first barrier ``mapInArrow`` stage, its tasks
+     importing torch), plus the floor's loop. Spark's first Arrow stage of a session dominates it, as it does a
+     first launch (BENCHMARKS.md, Launch).
+
 Each run also times a fresh ``import torch`` (median of 3 processes), the fixed cost that dominates a first fit,
 so that runs on different days can be set side by side.
 
@@ -257,16 +263,42 @@ def first_fits_in_fresh_sessions(sessions: int, master: str, rows_file=None) -> 
     fit's split), the floor of 4. after each pair (``"pure_torch"``)."""
     import subprocess
 
-    seconds = {"plain": [], "daemon": [], "pure_torch": []}
+    seconds = {"plain": [], "daemon": [], "pure_torch": [], "ceiling": []}
     for i in range(sessions):
-        for kind in (("plain", "daemon") if i % 2 == 0 else ("daemon", "plain")):  # neither always first
-            out = subprocess.run([sys.executable, __file__, "--first-fit-only", "--master", master]
+        for kind in (("plain", "daemon", "ceiling") if i % 2 == 0 else ("ceiling", "daemon", "plain")):
+            mode = "--first-fit-ceiling" if kind == "ceiling" else "--first-fit-only"
+            out = subprocess.run([sys.executable, __file__, mode, "--master", master]
                                  + (["--python-daemon"] if kind == "daemon" else []),
                                  check=True, capture_output=True, text=True).stdout
-            seconds[kind].append(json.loads(out.strip().splitlines()[-1])["first_fit_seconds"])
+            figures = json.loads(out.strip().splitlines()[-1])
+            seconds[kind].append(figures["ceiling_stages_seconds" if kind == "ceiling" else "first_fit_seconds"])
         if rows_file:
             seconds["pure_torch"].append(run_pure_torch(rows_file))
     return seconds
+
+
+def import_torch_task(batches):
+    import torch  # noqa: F401 -- what a first fit's ranks need before their loop
+
+    yield from batches
+
+
+def first_fit_ceiling_stages(spark) -> float:
+    """What a session's first fit on spark_dist's launch path pays besides its training loop, with no spark_dist
+    (the first fit's ceiling, with the floor's loop): the first split assembled and written to Parquet once (the
+    fit's cache write), then a barrier ``mapInArrow`` stage of :data:`RANKS` tasks that import torch (the
+    session's first Arrow stage, new Python workers, their first ``import torch``). Its seconds."""
+    import tempfile
+
+    from pyspark.ml.feature import VectorAssembler
+
+    train, _ = digits_frame(spark).randomSplit([0.8, 0.2], seed=100)
+    assembled = VectorAssembler(inputCols=PIXELS, outputCol="features").transform(train)
+    with tempfile.TemporaryDirectory(prefix="bench_ml-ceiling-") as tmp:
+        started = time.perf_counter()
+        assembled.select("features", "label").write.parquet(os.path.join(tmp, "cache"))
+        spark.range(0, RANKS, 1, RANKS).mapInArrow(import_torch_task, "id long", barrier=True).count()
+        return time.perf_counter() - started
 
 
 def import_torch_seconds(processes: int = 3) -> float:
@@ -406,6 +438,9 @@ def main(argv=None) -> int:
                         help="fresh sessions (processes) that each time their first fit (median)")
     parser.add_argument("--first-fit-only", action="store_true",
                         help="time this session's first fit only and print it as JSON (used by the above)")
+    parser.add_argument("--first-fit-ceiling", action="store_true",
+                        help="time the first fit's ceiling stages in this session and print them as JSON (used by "
+                             "the above)")
     parser.add_argument("--python-daemon", action="store_true",
                         help="opt this session in to spark_dist_daemon as its PySpark daemon (used by the above)")
     parser.add_argument("--later-fits", type=int, default=0,
@@ -439,10 +474,13 @@ def main(argv=None) -> int:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     # The floors' rows (a file per split): kept until the fresh sessions' floors have run.
-    scratch = None if args.first_fit_only else tempfile.TemporaryDirectory(prefix="bench_ml-")
+    scratch = None if args.first_fit_only or args.first_fit_ceiling else tempfile.TemporaryDirectory(prefix="bench_ml-")
     floors = scratch.name if scratch else None
     try:
         spark.range(1000).selectExpr("sum(id)").collect()  # the JVM's first job out of the way
+        if args.first_fit_ceiling:
+            print(json.dumps({"ceiling_stages_seconds": first_fit_ceiling_stages(spark)}))
+            return 0
         # First: the session's first Python work.
         fit = bench_fit(spark, args.later_fits if args.first_fit_only else args.fits, reuse=not args.first_fit_only,
                         floors=floors)
@@ -470,6 +508,10 @@ def main(argv=None) -> int:
     if fresh["daemon"]:
         fit["daemon_first_fit_median"] = statistics.median(fresh["daemon"])
     fit.update(floor_figures(fit, fresh["pure_torch"]))
+    # The first fit's ceiling: its stages (the median of the fresh sessions') and the floor's training loop.
+    fit["ceiling_stages_seconds"] = fresh["ceiling"]
+    fit["first_fit_ceiling"] = statistics.median(fresh["ceiling"]) + fit["pure_torch_loop_median"]
+    fit["first_fit_vs_ceiling"] = fit["first_fit_median"] / fit["first_fit_ceiling"]
     fit["import_torch_seconds"] = import_torch_seconds()
     horovod = horovod_estimator_status()
 
@@ -500,7 +542,8 @@ def main(argv=None) -> int:
     print(f"\nthe floor, the same training in pure torch: a fresh process {fit['pure_torch_process_median']:.2f} s "
           f"(median), its loop {fit['pure_torch_loop_median']:.2f} s; first fit / the process "
           f"**{fit['first_fit_vs_pure_torch']:.2f}x**, later fits / the loop "
-          f"**{fit['later_fits_vs_pure_torch_loop']:.2f}x** (goals: bench/report.py)")
+          f"**{fit['later_fits_vs_pure_torch_loop']:.2f}x** (goals: bench/report.py); the first fit's ceiling "
+          f"{fit['first_fit_ceiling']:.2f} s, first fit / ceiling **{fit['first_fit_vs_ceiling']:.2f}x**")
     print(f"\nheld-out accuracy goal >= 0.93. A fresh `import torch` took "
           f"{fit['import_torch_seconds']:.2f} s on this machine today. Horovod's TorchEstimator: " + horovod)
     if args.out:
