@@ -11,7 +11,7 @@ import tempfile
 
 from _cluster import median  # also puts tests/ on sys.path and sets SPARK_LOCAL_IP
 
-from bench_launch import launchers_side_by_side, report_side_by_side, timed
+from bench_launch import ARROW_FLOOR, arrow_stage, launchers_side_by_side, report_side_by_side, timed
 from clusters import StandaloneCluster, connect_available, install_gpu_script
 
 
@@ -51,13 +51,9 @@ def main():
             server = ConnectServer(tmp, cluster.master_url, conf={"spark.cores.max": "2"}).start()
             spark = SparkSession.builder.remote(server.url).getOrCreate()  # as a user's notebook does
 
-            def bare():
-                def one(batches):
-                    yield from batches
-                return spark.range(0, 2, 1, 2).mapInArrow(one, "id long", barrier=True).count()
-
-            seconds, _ = timed(bare, args.warm_runs + 1)  # also waits the executors in
-            figures["bare barrier mapInArrow stage"] = {"first": seconds[0], "warm_median": median(seconds[1:])}
+            # also waits the executors in
+            seconds, _ = timed(lambda: arrow_stage(spark, import_torch=False), args.warm_runs + 1)
+            figures[ARROW_FLOOR] = {"first": seconds[0], "warm_median": median(seconds[1:])}
             figures.update(launchers_side_by_side(allreduce_ten_floats, args.warm_runs))
             spark.stop()
         finally:

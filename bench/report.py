@@ -312,7 +312,7 @@ def launch_section(figures):
 
 def connect_section(figures):
     figures = {line: d for line, d in figures.items() if "skipped" not in d}
-    return per_line(launch_rows("bare barrier `mapInArrow` stage", "bare barrier mapInArrow stage",
+    return per_line(launch_rows("bare barrier `mapInArrow` stage", ARROW_FLOOR,
                                 "first run in a new client session"), figures)
 
 

@@ -11,15 +11,19 @@ from spark_dist.wire.sealed_store import SealedStore, host_store
 from spark_dist.wire.store_log import StoreLog
 
 
-def child_killed_after(seconds):
-    """A rank process that SIGKILLs itself after ``seconds``."""
-    popen = subprocess.Popen(
-        [sys.executable, "-c", f"import os, signal, time; time.sleep({seconds}); os.kill(os.getpid(), signal.SIGKILL)"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+def child_running(code):
+    """A rank process running the Python ``code``."""
+    popen = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
     fds = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
     popen.stdout.close()
     popen.stderr.close()
     return child_process.ChildProcess(popen.pid, *fds, popen)
+
+
+def child_killed_after(seconds):
+    """A rank process that SIGKILLs itself after ``seconds``."""
+    return child_running(f"import os, signal, time; time.sleep({seconds}); os.kill(os.getpid(), signal.SIGKILL)")
 
 
 def test_a_rank_killed_while_a_peers_failure_aborts_the_run_is_reported_as_killed(tmp_path):
@@ -58,12 +62,7 @@ def test_a_supervisor_looks_for_a_stalls_request_for_stacks_every_other_beat(tmp
     spec = LaunchSpec(run_id="r", attempt=0, store_host="127.0.0.1", store_port=port, job_bytes=b"",
                       secret=b"s" * 32, relay_output="none")
     store = Counting(server, spec.secret, spec.prefix)
-    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3.5)"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
-    child = child_process.ChildProcess(popen.pid, os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno()), popen)
-    popen.stdout.close()
-    popen.stderr.close()
-    barrier_task._supervise(child, store, spec, RankInfo(0, 0, 1, 1, 0, 1, "127.0.0.1"), str(tmp_path),
-                            in_executor=False)
+    barrier_task._supervise(child_running("import time; time.sleep(3.5)"), store, spec,
+                            RankInfo(0, 0, 1, 1, 0, 1, "127.0.0.1"), str(tmp_path), in_executor=False)
     assert Counting.beats >= 3
     assert Counting.looks == (Counting.beats + 1) // barrier_task.STACKS_LOOK_EVERY
